@@ -1,0 +1,255 @@
+"""The mechanism, claim by claim, against the loop reference in tests/reference.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.reference import naive_position_scores, reference_attention, reference_logits
+from xl.attention import rel_shift
+from xl.memory import cache_footprint, memory_bytes
+from xl.model import TransformerXL, XLConfig, attention_mask, count_parameters
+
+TINY = dict(vocab_size=32, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0)
+
+
+def make_model(dtype=torch.float64, seed=0, **overrides) -> TransformerXL:
+    torch.manual_seed(seed)
+    return TransformerXL(XLConfig(**{**TINY, **overrides})).to(dtype).eval()
+
+
+def run_segments(model, tokens, seg_len, **kw):
+    mems, logits = None, []
+    for start in range(0, tokens.size(1), seg_len):
+        out = model(tokens[:, start:start + seg_len], mems, **kw)
+        mems = out.mems
+        logits.append(out.logits)
+    return torch.cat(logits, 1), mems
+
+
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+@pytest.mark.parametrize("seg_len", [1, 3, 5, 8])
+def test_segmented_equals_full_sequence(pre_lnorm, seg_len):
+    total = 24
+    model = make_model(pre_lnorm=pre_lnorm, mem_len=total)
+    tokens = torch.randint(0, 32, (2, total), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(tokens).logits
+        segmented, _ = run_segments(model, tokens, seg_len)
+    torch.testing.assert_close(segmented, full, rtol=1e-10, atol=1e-10)
+
+
+def test_segmented_equals_full_sequence_float32():
+    model = make_model(torch.float32, mem_len=64)
+    tokens = torch.randint(0, 32, (2, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = model(tokens).logits
+        segmented, _ = run_segments(model, tokens, 16)
+    torch.testing.assert_close(segmented, full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "seg_len,mem_len,clamp_len,same_length,pre_lnorm",
+    [(4, 5, -1, False, False), (4, 3, -1, False, True), (3, 4, 2, False, False),
+     (4, 6, -1, True, False), (4, 2, 3, True, True), (5, 0, -1, False, False)],
+)
+def test_finite_memory_matches_loop_reference(seg_len, mem_len, clamp_len, same_length, pre_lnorm):
+    model = make_model(pre_lnorm=pre_lnorm)
+    tokens = torch.randint(0, 32, (2, 13), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        fast, mems = run_segments(model, tokens, seg_len, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    slow = reference_logits(model, tokens, seg_len, mem_len, clamp_len, same_length)
+    torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9)
+    assert [m.shape for m in mems] == [(2, min(mem_len, 13), 16)] * 2
+
+
+@pytest.mark.parametrize("m_len,clamp_len", [(0, -1), (5, -1), (5, 3), (7, 1)])
+def test_rel_shift_equals_naive_position_scores(m_len, clamp_len):
+    model = make_model(clamp_len=clamp_len)
+    attn = model.layers[0].attn
+    h = torch.randn(2, 4, 16, dtype=torch.float64)
+    mem = torch.randn(2, m_len, 16, dtype=torch.float64)
+    L, K, H, D = 4, m_len + 4, 2, 8
+    pos_emb, _ = model._context(L, m_len, clamp_len, None)
+    with torch.no_grad():
+        q = attn.q_net(h).view(2, L, H, D)
+        r = attn.r_net(pos_emb).view(K, H, D).permute(1, 2, 0)
+        shifted = rel_shift(torch.matmul((q + attn.r_r_bias).transpose(1, 2), r))
+        naive = naive_position_scores(attn, h, mem, clamp_len)
+    visible = ~naive.isnan()
+    assert visible.sum() == 2 * H * (L * m_len + L * (L + 1) // 2)
+    torch.testing.assert_close(shifted[visible], naive[visible], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+def test_attention_module_matches_reference(pre_lnorm):
+    model = make_model(pre_lnorm=pre_lnorm)
+    attn = model.layers[1].attn
+    h, mem = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 6, 16, dtype=torch.float64)
+    pos_emb, mask = model._context(5, 6, -1, None)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(h, mem, pos_emb, mask), reference_attention(attn, h, mem))
+
+
+def test_attention_mask_shapes_the_window():
+    mask = attention_mask(3, 2, None, torch.device("cpu"))
+    assert (mask == 0).tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    same = attention_mask(3, 2, 2, torch.device("cpu"))
+    assert (same == 0).tolist() == [[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
+
+
+def test_no_gradient_reaches_the_memory():
+    torch.manual_seed(0)
+    model = TransformerXL(XLConfig(**TINY, mem_len=8)).train()
+    tokens = torch.randint(0, 32, (2, 17))
+    fired = []
+
+    def watch(module, args, out):  # any gradient flowing back into segment k-1 would pass here
+        out.register_hook(lambda grad: fired.append(grad))
+
+    handle = model.embed.register_forward_hook(watch)
+    prev = model(tokens[:, :8], targets=tokens[:, 1:9])
+    handle.remove()
+    assert all(not m.requires_grad and m.grad_fn is None for m in prev.mems)
+
+    model(tokens[:, 8:16], prev.mems, targets=tokens[:, 9:17]).loss.backward()
+    assert fired == []
+    assert all(m.grad is None for m in prev.mems)
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    # The same segment with the memory handed in as fresh constants gives the same gradients.
+    model.zero_grad()
+    model(tokens[:, 8:16], [m.clone() for m in prev.mems], targets=tokens[:, 9:17]).loss.backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n], rtol=0, atol=0)
+
+
+def graph_size(loss: torch.Tensor) -> int:
+    seen, stack = set(), [loss.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return len(seen)
+
+
+def test_training_memory_does_not_grow_with_segments():
+    torch.manual_seed(0)
+    model = TransformerXL(XLConfig(**TINY, mem_len=6)).train()
+    tokens = torch.randint(0, 32, (2, 8 * 12 + 1))
+    mems, sizes, saved_bytes = None, [], []
+    for k in range(12):
+        total = [0]
+
+        def pack(t, total=total):
+            total[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(tokens[:, 8 * k:8 * k + 8], mems, targets=tokens[:, 8 * k + 1:8 * k + 9])
+        sizes.append(graph_size(out.loss))
+        saved_bytes.append(total[0])
+        out.loss.backward()
+        mems = out.mems
+    # Once the memory is full (segment 2 on), each step's graph and saved activations are the same size.
+    assert len(set(sizes[1:])) == 1 and len(set(saved_bytes[1:])) == 1
+    assert sizes[1] < 2 * sizes[0] + 10
+
+
+def test_memory_of_layer_n_is_input_of_layer_n():
+    model = make_model(mem_len=5)
+    seen: dict[int, list] = {}
+    hooks = [layer.register_forward_hook(lambda mod, args, out, n=n: seen.setdefault(n, []).append((args, out)))
+             for n, layer in enumerate(model.layers)]
+    emb = []
+    hooks.append(model.embed.register_forward_hook(lambda mod, args, out: emb.append(out * model.emb_scale)))
+    tokens = torch.randint(0, 32, (3, 8))
+    with torch.no_grad():
+        first = model(tokens[:, :4])
+        second = model(tokens[:, 4:], first.mems)
+    for h in hooks:
+        h.remove()
+    n_layer = model.config.n_layer
+    assert len(second.mems) == n_layer
+    for n in range(n_layer):
+        # Memory given to layer n in segment 2 = what entered layer n in segment 1 = layer n-1's output.
+        produced = emb[0] if n == 0 else seen[n - 1][0][1]
+        (h2, mem2, *_), _ = seen[n][1]
+        torch.testing.assert_close(mem2, produced)
+        # New memory = last 5 of (old memory ∘ segment 2's layer input).
+        torch.testing.assert_close(second.mems[n], torch.cat([produced, h2], 1)[:, -5:])
+        assert second.mems[n].dtype == torch.float64 and second.mems[n].shape == (3, 5, 16)
+    fp = cache_footprint(5, 16, n_layer, 3, torch.float64)
+    assert memory_bytes(second.mems) == fp.bytes == 5 * 16 * n_layer * 3 * 8
+
+
+@pytest.mark.parametrize("mem_len", [0, 4])
+def test_causality_within_and_across_segments(mem_len):
+    model = make_model(mem_len=mem_len)
+    tokens = torch.randint(0, 32, (1, 12), generator=torch.Generator().manual_seed(4))
+    changed = tokens.clone()
+    changed[0, 9] = (tokens[0, 9] + 1) % 32
+    with torch.no_grad():
+        a, _ = run_segments(model, tokens, 4)
+        b, _ = run_segments(model, changed, 4)
+    torch.testing.assert_close(a[:, :9], b[:, :9], rtol=0, atol=0)
+    assert not torch.allclose(a[:, 9:], b[:, 9:])
+    # A change in segment 1 reaches segment 2 only through the memory.
+    early = tokens.clone()
+    early[0, 1] = (tokens[0, 1] + 1) % 32
+    with torch.no_grad():
+        c, _ = run_segments(model, early, 4)
+    assert torch.allclose(a[:, 4:8], c[:, 4:8]) == (mem_len == 0)
+
+
+def test_bf16_autocast_close_to_fp32():
+    model = make_model(torch.float32, mem_len=8)
+    tokens = torch.randint(0, 32, (2, 16))
+    with torch.no_grad():
+        ref, _ = run_segments(model, tokens, 8)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low, mems = run_segments(model, tokens, 8)
+    assert low.dtype == torch.bfloat16 and mems[0].dtype == torch.float32
+    assert (low.float() - ref).abs().max() < 0.05 * ref.abs().max()
+    assert (low.float().softmax(-1) - ref.softmax(-1)).abs().max() < 0.02
+
+
+def test_loss_is_token_mean_cross_entropy():
+    model = make_model(mem_len=4)
+    tokens = torch.randint(0, 32, (2, 9))
+    targets = tokens[:, 1:].clone()
+    targets[0, 0] = -100
+    out = model(tokens[:, :8], targets=targets)
+    logp = out.logits.log_softmax(-1)
+    picked = [-logp[b, t, targets[b, t]] for b in range(2) for t in range(8) if targets[b, t] >= 0]
+    torch.testing.assert_close(out.loss, torch.stack(picked).mean())
+    assert model(tokens[:, :8], targets=targets, return_logits=False).logits is None
+
+
+def test_memory_batch_mismatch_is_an_error():
+    model = make_model(mem_len=4)
+    mems = model(torch.zeros(3, 4, dtype=torch.long)).mems
+    with pytest.raises(ValueError, match="init_mems"):
+        model(torch.zeros(2, 4, dtype=torch.long), mems)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("n_layer", 0), ("d_head", -1), ("dropout", 1.0), ("dropatt", -0.1), ("mem_len", -1),
+     ("clamp_len", 0), ("d_model", 15), ("vocab_size", 2.5)],
+)
+def test_invalid_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        XLConfig(**{**TINY, field: value})
+
+
+def test_same_length_without_memory_is_rejected():
+    with pytest.raises(ValueError, match="same_length"):
+        XLConfig(**TINY, mem_len=0, same_length=True)
+
+
+def test_init_mems_and_param_count():
+    model = make_model()
+    assert [m.shape for m in model.init_mems(3)] == [(3, 0, 16)] * 2
+    assert count_parameters(model.config) == sum(p.numel() for p in model.parameters())

@@ -1,0 +1,239 @@
+"""Transformer-XL language model: segment-level recurrence with relative positions.
+
+Layer n of segment t attends over ``StopGrad(memory[n]) ∘ h[n-1]`` where ``memory[n]`` holds the
+last ``mem_len`` inputs of layer n from earlier segments (layer n-1's outputs; the embedding for
+n = 1). The memory update lives in one function, :func:`update_memory`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from xl.attention import RelMultiHeadAttention
+
+
+@dataclass
+class XLConfig:
+    """Model shape and the memory/attention context used when no override is given."""
+
+    vocab_size: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 256
+    d_head: int = 64
+    d_inner: int = 1024
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    mem_len: int = 128
+    clamp_len: int = -1  # -1: no clamping; else distances beyond clamp_len share one embedding
+    same_length: bool = False  # every query attends over exactly mem_len keys (itself included)
+    pre_lnorm: bool = False
+    tie_weights: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"XLConfig.{name} must be a positive integer, got {value!r}")
+        if self.d_model % 2:
+            raise ValueError(f"XLConfig.d_model must be even for sinusoidal positions, got {self.d_model}")
+        for name in ("dropout", "dropatt"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"XLConfig.{name} must be in [0, 1), got {value!r}")
+        check_context(self.mem_len, self.clamp_len, self.same_length)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> XLConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown XLConfig field(s) {unknown}; valid fields are {sorted(known)}")
+        return cls(**values)
+
+
+def check_context(mem_len: int, clamp_len: int, same_length: bool) -> None:
+    """Validate the memory/attention context (also used for evaluation overrides)."""
+    if not isinstance(mem_len, int) or mem_len < 0:
+        raise ValueError(f"mem_len must be an integer >= 0, got {mem_len!r}")
+    if not isinstance(clamp_len, int) or clamp_len < -1 or clamp_len == 0:
+        raise ValueError(f"clamp_len must be -1 (off) or a positive integer, got {clamp_len!r}")
+    if same_length and mem_len == 0:
+        raise ValueError("same_length=True needs mem_len > 0: the attention window is mem_len keys wide")
+
+
+@dataclass
+class XLOutput:
+    logits: Tensor | None  # [B, L, vocab]; None when only the loss was asked for
+    mems: list[Tensor]  # n_layer tensors [B, mem_len', d_model], detached
+    loss: Tensor | None = None  # token mean over targets != ignore_index
+
+
+def update_memory(mems: list[Tensor], layer_inputs: list[Tensor], mem_len: int) -> list[Tensor]:
+    """New memory = last ``mem_len`` positions of ``old ∘ current`` per layer, cut from the graph."""
+    with torch.no_grad():
+        return [torch.cat([m, h], dim=1)[:, -mem_len:].detach() if mem_len else h[:, :0].detach()
+                for m, h in zip(mems, layer_inputs)]
+
+
+def sinusoid(positions: Tensor, d_model: int) -> Tensor:
+    """Sinusoidal embedding of (relative) positions, as in Vaswani et al. and Dai et al."""
+    # float64 so that every dtype gets the correctly rounded table; it is built once per shape.
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d_model, 2, dtype=torch.float64, device=positions.device) / d_model))
+    angles = positions.double()[:, None] * inv_freq[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def attention_mask(q_len: int, m_len: int, window: int | None, device: torch.device) -> Tensor:
+    """Additive [L, M+L] mask: 0 where query i (at key position M+i) may look, -inf elsewhere.
+
+    Keys after the query are hidden; with ``window`` (same_length) so are keys at or beyond
+    ``window`` positions back, so every query sees the same number of keys.
+    """
+    q_pos = torch.arange(m_len, m_len + q_len, device=device)[:, None]
+    k_pos = torch.arange(m_len + q_len, device=device)[None, :]
+    hidden = k_pos > q_pos
+    if window is not None:
+        hidden |= k_pos <= q_pos - window
+    return torch.zeros(hidden.shape, device=device).masked_fill(hidden, float("-inf"))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(d_model, d_inner), nn.ReLU(inplace=True), nn.Dropout(dropout),
+            nn.Linear(d_inner, d_model), nn.Dropout(dropout),
+        )
+        self.layer_norm = nn.LayerNorm(d_model)
+        self.pre_lnorm = pre_lnorm
+
+    def forward(self, h: Tensor) -> Tensor:
+        if self.pre_lnorm:
+            return h + self.net(self.layer_norm(h))
+        return self.layer_norm(h + self.net(h))
+
+
+class XLLayer(nn.Module):
+    def __init__(self, cfg: XLConfig) -> None:
+        super().__init__()
+        self.attn = RelMultiHeadAttention(cfg.d_model, cfg.n_head, cfg.d_head, cfg.dropout, cfg.dropatt, cfg.pre_lnorm)
+        self.ff = FeedForward(cfg.d_model, cfg.d_inner, cfg.dropout, cfg.pre_lnorm)
+
+    def forward(self, h: Tensor, mem: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
+        return self.ff(self.attn(h, mem, pos_emb, mask))
+
+
+class TransformerXL(nn.Module):
+    """Decoder-only LM. ``model(input_ids [B, L], mems)`` → :class:`XLOutput`."""
+
+    def __init__(self, config: XLConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.emb_scale = math.sqrt(config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(XLLayer(config) for _ in range(config.n_layer))
+        # Pre-LN leaves the residual stream un-normalised; normalise once before the head.
+        self.final_norm = nn.LayerNorm(config.d_model) if config.pre_lnorm else nn.Identity()
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if config.tie_weights:
+            self.head.weight = self.embed.weight
+        # Position tables and masks depend only on lengths: built once per shape, not per step.
+        self._context_cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, 0.0, 0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, RelMultiHeadAttention):
+            nn.init.normal_(module.r_w_bias, 0.0, 0.02)
+            nn.init.normal_(module.r_r_bias, 0.0, 0.02)
+
+    def init_mems(self, batch_size: int) -> list[Tensor]:
+        """Empty memory: n_layer tensors [B, 0, d_model]."""
+        p = self.embed.weight
+        return [p.new_zeros(batch_size, 0, self.config.d_model) for _ in range(self.config.n_layer)]
+
+    def _context(self, q_len: int, m_len: int, clamp_len: int, window: int | None) -> tuple[Tensor, Tensor]:
+        """Relative position embeddings [M+L, d] (distances M+L-1 … 0) and the additive mask."""
+        device, dtype = self.embed.weight.device, self.embed.weight.dtype
+        key = (q_len, m_len, clamp_len, window, device, dtype)
+        if key not in self._context_cache:
+            distances = torch.arange(m_len + q_len - 1, -1, -1, device=device)
+            if clamp_len > 0:
+                distances = distances.clamp(max=clamp_len)
+            self._context_cache[key] = (sinusoid(distances, self.config.d_model).to(dtype),
+                                        attention_mask(q_len, m_len, window, device).to(dtype))
+        return self._context_cache[key]
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        mems: list[Tensor] | None = None,
+        targets: Tensor | None = None,
+        *,
+        mem_len: int | None = None,
+        clamp_len: int | None = None,
+        same_length: bool | None = None,
+        return_logits: bool = True,
+        ignore_index: int = -100,
+    ) -> XLOutput:
+        """Run one segment.
+
+        ``mem_len``/``clamp_len``/``same_length`` override the config for this call (evaluation
+        with a longer memory, as in the paper). With ``targets`` the token-mean cross-entropy is
+        returned; ``return_logits=False`` then frees the logits as soon as the loss is computed.
+        """
+        cfg = self.config
+        mem_len = cfg.mem_len if mem_len is None else mem_len
+        clamp_len = cfg.clamp_len if clamp_len is None else clamp_len
+        same_length = cfg.same_length if same_length is None else same_length
+        check_context(mem_len, clamp_len, same_length)
+        B, L = input_ids.shape
+        if mems is None:
+            mems = self.init_mems(B)
+        if len(mems) != cfg.n_layer:
+            raise ValueError(f"expected {cfg.n_layer} memory tensors (one per layer), got {len(mems)}")
+        M = mems[0].size(1)
+        for m in mems:
+            if m.size(0) != B or m.size(1) != M or m.size(2) != cfg.d_model:
+                raise ValueError(
+                    f"memory of shape {tuple(m.shape)} does not fit a batch of {B} rows "
+                    f"(expected [{B}, {M}, {cfg.d_model}]); reset the memory with init_mems({B})"
+                )
+        pos_emb, mask = self._context(L, M, clamp_len, mem_len if same_length else None)
+        pos_emb = self.drop(pos_emb)
+
+        h = self.drop(self.embed(input_ids) * self.emb_scale)
+        layer_inputs = []
+        for layer, mem in zip(self.layers, mems):
+            layer_inputs.append(h)
+            h = layer(h, mem, pos_emb, mask)
+        new_mems = update_memory(mems, layer_inputs, mem_len)
+        logits = self.head(self.drop(self.final_norm(h)))
+        loss = None
+        if targets is not None:
+            # bf16/fp16 logits are upcast for the loss; fp32/fp64 stay as they are.
+            wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            loss = F.cross_entropy(wide.flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
+        return XLOutput(logits=logits if return_logits else None, mems=new_mems, loss=loss)
+
+
+def count_parameters(config: XLConfig) -> int:
+    """Parameters of a model with this config, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        model = TransformerXL(config)
+    return sum(p.numel() for p in model.parameters())
