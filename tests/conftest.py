@@ -1,0 +1,58 @@
+"""Shared fixtures: the real Hydra config, composed and shrunk to run in seconds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Tiny models run fastest on one thread, and a busy 2-core machine makes 2 threads crawl (spin-waiting).
+torch.set_num_threads(1)
+
+
+def compose_config(*overrides: str) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    """A small real-text corpus: a few standard-library modules, split into three files."""
+    import inspect
+    import json
+    import textwrap
+
+    text = "".join(inspect.getsource(m) for m in (textwrap, json.decoder, json.encoder))
+    folder = tmp_path_factory.mktemp("corpus")
+    n = len(text)
+    parts = {"train": text[: int(0.8 * n)], "val": text[int(0.8 * n): int(0.9 * n)], "test": text[int(0.9 * n):]}
+    paths = {}
+    for split, part in parts.items():
+        paths[split] = folder / f"{split}.txt"
+        paths[split].write_text(part, encoding="utf-8")
+    return paths
+
+
+def tiny_overrides(tmp_path: Path, corpus: dict[str, Path]) -> list[str]:
+    return [
+        "model=tiny", "data=text", "logger=none",
+        f"data.train={corpus['train']}", f"data.val={corpus['val']}", f"data.test={corpus['test']}",
+        f"data.cache_dir={tmp_path / 'cache'}", f"paths.output_dir={tmp_path / 'run'}",
+        "data.batch_size=4", "data.tgt_len=16", "memory.mem_len=16",
+        "trainer.max_steps=20", "trainer.val_check_interval=10", "trainer.limit_val_batches=4",
+        "trainer.limit_test_batches=4", "trainer.log_every_n_steps=1", "trainer.num_sanity_val_steps=1",
+        "+trainer.enable_model_summary=false", "callbacks.progress_bar.refresh_rate=0",
+    ]
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path, corpus) -> DictConfig:
+    return compose_config(*tiny_overrides(tmp_path, corpus))

@@ -1,0 +1,124 @@
+"""The LightningModule end to end on a tiny config: memory ownership, data order, metrics."""
+
+from __future__ import annotations
+
+import math
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+
+from xl.build import build_run
+from xl.lit import XLLitModule, warmup_cosine
+
+
+class Recorder(L.Callback):
+    """Records what the module holds around every step, without changing it."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def on_train_epoch_start(self, trainer, module):
+        self.events.append(("epoch_start", trainer.current_epoch, module.mems["train"]))
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.events.append(("before", batch_idx, module.mems["train"]))
+        self.batches.append((batch[0].clone(), batch[1].clone()))
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.events.append(("after", batch_idx, module.mems["train"]))
+
+    def on_validation_start(self, trainer, module):
+        self.events.append(("val_start", None, module.mems["train"]))
+
+    def on_validation_end(self, trainer, module):
+        self.events.append(("val_end", None, module.mems["train"]))
+
+
+def fit_with_recorder(cfg) -> tuple:
+    run = build_run(cfg)
+    recorder = Recorder()
+    run.trainer.callbacks.append(recorder)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    return run, recorder
+
+
+def test_training_memory_persists_is_detached_and_resets_each_epoch(tiny_cfg):
+    tiny_cfg.trainer.limit_train_batches = 6  # epochs of 6 segments: 20 steps span 4 epochs
+    run, rec = fit_with_recorder(tiny_cfg)
+    last_after = None
+    epochs_started = 0
+    for kind, idx, mems in rec.events:
+        if kind == "epoch_start":
+            epochs_started += 1
+        elif kind == "before":
+            if idx == 0:
+                assert mems is None, "a new epoch restarts every stream, so the memory must be empty"
+            else:
+                assert mems is last_after, "each step must read the memory the previous step wrote"
+        elif kind == "after":
+            assert len(mems) == 2 and all(not m.requires_grad and m.grad_fn is None for m in mems)
+            assert mems[0].shape == (4, 16, 32)
+            last_after = mems
+    assert epochs_started == 4
+    # Validation (sanity check included) never touches the training memory.
+    pairs = [(e, n) for e, n in zip(rec.events, rec.events[1:]) if e[0] == "val_start"]
+    assert pairs and all(n[0] == "val_end" and n[2] is e[2] for e, n in pairs)
+
+
+def test_batches_arrive_in_stream_order(tiny_cfg):
+    tiny_cfg.trainer.limit_train_batches = 6
+    run, rec = fit_with_recorder(tiny_cfg)
+    ids = torch.from_numpy(np.asarray(run.datamodule.cache.splits["train"], dtype=np.int64))
+    rows = 4
+    row_len = len(ids) // rows
+    # Slow reference: row b is the b-th contiguous slice of the token stream, read 16 tokens at a time.
+    streams = ids[: rows * row_len].view(rows, row_len)
+    for t, (x, y) in enumerate(rec.batches[:6]):
+        torch.testing.assert_close(x, streams[:, 16 * t:16 * t + 16], rtol=0, atol=0)
+        torch.testing.assert_close(y, streams[:, 16 * t + 1:16 * t + 17], rtol=0, atol=0)
+    # The next epoch starts every stream again from its beginning.
+    torch.testing.assert_close(rec.batches[6][0], rec.batches[0][0], rtol=0, atol=0)
+
+
+def test_short_run_lowers_the_loss(tmp_path, corpus):
+    from tests.conftest import compose_config, tiny_overrides
+
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), "trainer.max_steps=60", "optim.lr=3e-3",
+                         "optim.warmup_steps=5", "trainer.val_check_interval=30")
+    run = build_run(cfg)
+    before = run.trainer.validate(run.module, datamodule=run.datamodule, verbose=False)[0]["val/loss"]
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    after = float(run.trainer.callback_metrics["val/loss"])
+    assert after < before - 0.5, (before, after)
+    assert math.isclose(float(run.trainer.callback_metrics["val/bpb"]), after / math.log(2), rel_tol=1e-5)
+
+
+def test_batch_size_change_restarts_memory_instead_of_broadcasting():
+    module = XLLitModule(model=dict(vocab_size=16, n_layer=1, n_head=1, d_model=8, d_head=8, d_inner=8,
+                                    dropout=0.0, mem_len=4))
+    x = torch.randint(0, 16, (3, 4))
+    module.step((x, x), "val")
+    assert module.mems["val"][0].size(0) == 3
+    with pytest.warns(UserWarning, match="restarts empty"):
+        module.step((x[:2], x[:2]), "val")
+    assert module.mems["val"][0].shape == (2, 4, 8)
+
+
+def test_eval_uses_its_own_memory_length():
+    module = XLLitModule(model=dict(vocab_size=16, n_layer=1, n_head=1, d_model=8, d_head=8, d_inner=8,
+                                    dropout=0.0, mem_len=4), eval_mem_len=12)
+    x = torch.randint(0, 16, (2, 8))
+    for _ in range(3):
+        module.step((x, x), "val")
+        module.step((x, x), "train")
+    assert module.mems["val"][0].size(1) == 12 and module.mems["train"][0].size(1) == 4
+
+
+def test_warmup_then_cosine():
+    values = [warmup_cosine(s, 10, 110, 0.1) for s in range(111)]
+    assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
+    assert values[10] == pytest.approx(1.0) and values[110] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(values[10:], values[11:]))

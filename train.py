@@ -1,0 +1,59 @@
+"""Train a Transformer-XL: ``python train.py [group=option] [key=value ...]`` (Hydra).
+
+Compose the config, build data/module/trainer (xl/build.py), fit, test the best checkpoint,
+and say where everything went. ``-m`` sweeps, e.g. ``python train.py -m memory.mem_len=0,64,128``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from xl.build import ConfigError, build_run
+from xl.data import DataError
+
+log = logging.getLogger("train")
+
+
+def fit_and_test(cfg: DictConfig) -> dict[str, float]:
+    try:
+        run = build_run(cfg)
+    except (ConfigError, DataError) as err:
+        # One sentence, no traceback: the message names the setting to change.
+        sys.exit(f"error: {err}")
+    trainer, module, datamodule = run.trainer, run.module, run.datamodule
+    if cfg.train:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    if cfg.test:
+        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        ckpt = best or (None if cfg.train else cfg.ckpt_path)
+        for results in trainer.test(module, datamodule=datamodule, ckpt_path=ckpt, verbose=False):
+            metrics.update({k: float(v) for k, v in results.items()})
+    report(trainer, metrics)
+    return metrics
+
+
+def report(trainer, metrics: dict[str, float]) -> None:
+    lines = [f"  {k:<10} {v:.4f}" for k, v in sorted(metrics.items())]
+    ckpt = trainer.checkpoint_callback
+    if ckpt is not None and ckpt.best_model_path:
+        lines.append(f"  best checkpoint: {ckpt.best_model_path}")
+    if ckpt is not None and ckpt.last_model_path:
+        lines.append(f"  last checkpoint: {ckpt.last_model_path}")
+    lines.append(f"  run folder: {trainer.default_root_dir}")
+    log.info("results\n%s", "\n".join(lines))
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    metrics = fit_and_test(cfg)
+    # The objective of sweepers (e.g. Optuna): validation loss of the run.
+    return metrics.get("val/loss")
+
+
+if __name__ == "__main__":
+    main()

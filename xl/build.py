@@ -1,0 +1,137 @@
+"""Turn a composed Hydra config into the objects of a run.
+
+``train.py`` and the other entry points all build their data, module, loggers and trainer here,
+so a setting means the same thing everywhere. Every check of user input that can be done before
+long work starts is done here and raises :class:`ConfigError` with one sentence naming the setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from xl.lit import XLLitModule
+
+
+class ConfigError(ValueError):
+    """A setting the user can fix; the message names it."""
+
+
+@dataclass
+class Run:
+    datamodule: Any
+    module: XLLitModule
+    trainer: L.Trainer
+
+
+def check_device(cfg: DictConfig) -> None:
+    """Refuse precisions and device counts this machine cannot honour, before anything starts."""
+    t = cfg.trainer
+    accelerator = str(t.get("accelerator", "auto"))
+    has_cuda = torch.cuda.is_available()
+    if accelerator in ("gpu", "cuda") and not has_cuda:
+        raise ConfigError(f"trainer.accelerator={accelerator} but no CUDA GPU is visible; use trainer=cpu")
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not has_cuda)
+    precision = str(t.get("precision", "32-true"))
+    if on_cpu and precision in ("16-mixed", "16-true", "16"):
+        raise ConfigError(
+            f"precision={precision} needs a CUDA GPU (on CPU Lightning would silently switch to bf16); "
+            "use precision=32-true on CPU"
+        )
+    devices = t.get("devices", 1)
+    if not on_cpu and isinstance(devices, int) and devices > torch.cuda.device_count():
+        raise ConfigError(
+            f"trainer.devices={devices} but only {torch.cuda.device_count()} GPU(s) are visible; lower trainer.devices"
+        )
+
+
+def model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
+    """XLConfig fields: the model group's shape, the memory group's context, the data's vocabulary."""
+    return {
+        **OmegaConf.to_container(cfg.model, resolve=True),
+        "vocab_size": vocab_size,
+        "mem_len": cfg.memory.mem_len,
+        "clamp_len": cfg.memory.clamp_len,
+        "same_length": cfg.memory.same_length,
+    }
+
+
+def build_datamodule(cfg: DictConfig) -> Any:
+    """Instantiate the data group and tokenise/cache the corpus now, so bad data fails first."""
+    datamodule = instantiate(cfg.data)
+    datamodule.prepare_data()
+    return datamodule
+
+
+def build_module(cfg: DictConfig, datamodule: Any) -> XLLitModule:
+    try:
+        return XLLitModule(
+            model=model_config(cfg, datamodule.vocab_size),
+            optim=OmegaConf.to_container(cfg.optim, resolve=True),
+            eval_mem_len=cfg.memory.eval_mem_len,
+            eval_same_length=cfg.memory.eval_same_length,
+            eval_clamp_len=cfg.memory.get("eval_clamp_len"),
+            unit=datamodule.unit,
+        )
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"invalid model/memory/optim setting: {err}") from err
+
+
+def run_identity(cfg: DictConfig) -> tuple[str, str | None]:
+    """(name, group): the run is named after its overrides; a sweep's runs share its folder as group."""
+    name, group = cfg.get("run_name"), None
+    if HydraConfig.initialized():
+        hydra_cfg = HydraConfig.get()
+        name = name or hydra_cfg.job.override_dirname or "default"
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            group = str(Path(hydra_cfg.sweep.dir))
+    return name or "default", group
+
+
+def build_loggers(cfg: DictConfig) -> list[Any]:
+    if not cfg.get("logger"):
+        return []
+    name, group = run_identity(cfg)
+    loggers = []
+    for key, logger_cfg in cfg.logger.items():
+        if key == "wandb":
+            logger_cfg = logger_cfg.copy()
+            with open_dict(logger_cfg):
+                logger_cfg.name = logger_cfg.get("name") or name
+                logger_cfg.group = logger_cfg.get("group") or group
+        loggers.append(instantiate(logger_cfg))
+    return loggers
+
+
+def build_callbacks(cfg: DictConfig, with_logger: bool = True) -> list[Any]:
+    """The callbacks group; without a logger, those that only feed a logger are left out."""
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()]
+    if not with_logger:
+        callbacks = [c for c in callbacks if not isinstance(c, (LearningRateMonitor, ThroughputMonitor))]
+    return callbacks
+
+
+def build_trainer(cfg: DictConfig) -> L.Trainer:
+    loggers = build_loggers(cfg)
+    trainer = instantiate(cfg.trainer, logger=loggers or False, callbacks=build_callbacks(cfg, bool(loggers)))
+    for logger in loggers:
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    return trainer
+
+
+def build_run(cfg: DictConfig) -> Run:
+    """Everything a run needs, validated in order of cost: device, data, model, trainer."""
+    check_device(cfg)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule = build_datamodule(cfg)
+    module = build_module(cfg, datamodule)
+    return Run(datamodule, module, build_trainer(cfg))

@@ -1,0 +1,206 @@
+"""The LightningModule: training and evaluation steps, and who owns the memory.
+
+Each batch is the next segment of every stream (see ``xl.data.stream``). The memory produced by
+one step is the context of the next (truncated BPTT: the forward context crosses the segment
+boundary, gradients do not). Each stage has its own memory so that, for example, the sanity-check
+validation never touches the training memory. Memories are plain attributes, not buffers, so DDP
+never broadcasts rank 0's copy over the other ranks' (each rank reads its own rows).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+from torchmetrics import MeanMetric
+
+from xl.memory import cache_footprint
+from xl.model import TransformerXL, XLConfig, check_context
+
+STAGES = ("train", "val", "test", "predict")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay to ``min_lr_ratio × lr`` (the paper's schedule)."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        self.betas = tuple(self.betas)
+
+
+def batch_rows(batch: tuple[Tensor, Tensor]) -> int:
+    """Rows (streams) in a segment batch, for Lightning's ThroughputMonitor."""
+    return batch[0].size(0)
+
+
+def batch_tokens(batch: tuple[Tensor, Tensor]) -> int:
+    """Tokens in a segment batch, so that throughput is reported in tokens/s."""
+    return batch[0].numel()
+
+
+def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """LR multiplier: linear from 0 to 1 over ``warmup`` steps, then cosine down to ``min_ratio``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class XLLitModule(L.LightningModule):
+    """Transformer-XL language model with per-stage recurrent memory."""
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        optim: dict[str, Any] | None = None,
+        eval_mem_len: int | None = None,
+        eval_same_length: bool | None = None,
+        eval_clamp_len: int | None = None,
+        unit: str = "byte",
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.config = XLConfig.from_dict(dict(model))
+        self.optim = OptimConfig(**(optim or {}))
+        self.eval_context = {
+            "mem_len": self.config.mem_len if eval_mem_len is None else eval_mem_len,
+            "same_length": self.config.same_length if eval_same_length is None else eval_same_length,
+            "clamp_len": self.config.clamp_len if eval_clamp_len is None else eval_clamp_len,
+        }
+        check_context(**self.eval_context)
+        if unit not in ("byte", "char", "word"):
+            raise ValueError(f"unit must be byte, char or word, got {unit!r}")
+        self.unit = unit
+        self.model = TransformerXL(self.config)
+        self.mems: dict[str, list[Tensor] | None] = dict.fromkeys(STAGES)
+        # Token-weighted mean NLL per stage; MeanMetric reduces (sum, weight) across ranks exactly.
+        self.train_nll, self.val_nll, self.test_nll = MeanMetric(), MeanMetric(), MeanMetric()
+
+    # ---- memory -------------------------------------------------------------------------------
+    def reset_memory(self, stage: str) -> None:
+        self.mems[stage] = None
+
+    def memory_for(self, stage: str, batch_rows: int) -> list[Tensor] | None:
+        """This stage's memory, or None (empty) if its rows do not match the batch's."""
+        mems = self.mems[stage]
+        if mems is not None and mems[0].size(0) != batch_rows:
+            rank_zero_warn(
+                f"{stage} memory holds {mems[0].size(0)} rows but the batch has {batch_rows}; "
+                "the streams changed, so the memory restarts empty"
+            )
+            mems = None
+        return mems
+
+    def step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+        x, y = batch
+        context = {} if stage == "train" else self.eval_context
+        out = self.model(x, self.memory_for(stage, x.size(0)), targets=y, return_logits=False, **context)
+        self.mems[stage] = out.mems
+        return out.loss
+
+    def on_train_epoch_start(self) -> None:
+        self.reset_memory("train")
+
+    def on_validation_epoch_start(self) -> None:
+        self.reset_memory("val")
+
+    def on_test_epoch_start(self) -> None:
+        self.reset_memory("test")
+
+    def on_predict_epoch_start(self) -> None:
+        self.reset_memory("predict")
+
+    # ---- steps and metrics ----------------------------------------------------------------------
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss = self.step(batch, "train")
+        n_tokens = batch[1].numel()
+        self.train_nll.update(loss.detach(), weight=n_tokens)
+        loss_value = loss.detach()
+        self.log_dict({"train/loss": loss_value, f"train/{self.quality_name}": self.quality(loss_value)},
+                      on_step=True, prog_bar=True, batch_size=batch[1].size(0))
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch("train")
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self.val_nll.update(self.step(batch, "val"), weight=batch[1].numel())
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self.test_nll.update(self.step(batch, "test"), weight=batch[1].numel())
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
+
+    def predict_step(self, batch: tuple[Tensor, Tensor] | Tensor, batch_idx: int) -> Tensor:
+        """Next-token log-probabilities for each segment, with the memory carried between calls."""
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        out = self.model(x, self.memory_for("predict", x.size(0)), **self.eval_context)
+        self.mems["predict"] = out.mems
+        return out.logits.log_softmax(-1)
+
+    def _log_epoch(self, stage: str) -> None:
+        """Token-weighted mean NLL over the epoch (reduced across ranks), and its bits or perplexity."""
+        metric: MeanMetric = getattr(self, f"{stage}_nll")
+        if metric.update_count == 0:
+            return
+        loss = metric.compute()
+        metric.reset()
+        values = {f"{stage}/loss": loss, f"{stage}/{self.quality_name}": self.quality(loss)}
+        self.log_dict(values, prog_bar=stage != "train", sync_dist=False)
+
+    @property
+    def quality_name(self) -> str:
+        return {"byte": "bpb", "char": "bpc", "word": "ppl"}[self.unit]
+
+    def quality(self, nll: Tensor) -> Tensor:
+        """Bits per byte/char, or word perplexity, from a mean NLL in nats."""
+        return nll.exp() if self.unit == "word" else nll / math.log(2)
+
+    # ---- set-up ---------------------------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        if self.logger is None:
+            return
+        dm = self.trainer.datamodule
+        batch = getattr(dm, "batch_size", None)
+        dtype = self.model.embed.weight.dtype
+        info: dict[str, Any] = {"model/params": sum(p.numel() for p in self.model.parameters())}
+        if batch:
+            cfg = self.config
+            info["memory/cache_mb"] = cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, batch, dtype).mb
+        self.logger.log_hyperparams(info)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        o = self.optim
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=o.lr, betas=o.betas, eps=o.eps,
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_cosine(step, o.warmup_steps, total, o.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
