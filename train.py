@@ -13,6 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 from xl.build import ConfigError, build_run
+from xl.checkpoint import CheckpointError
 from xl.data import DataError
 
 log = logging.getLogger("train")
@@ -21,17 +22,17 @@ log = logging.getLogger("train")
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     try:
         run = build_run(cfg)
-    except (ConfigError, DataError) as err:
+    except (ConfigError, DataError, CheckpointError) as err:
         # One sentence, no traceback: the message names the setting to change.
         sys.exit(f"error: {err}")
     trainer, module, datamodule = run.trainer, run.module, run.datamodule
     if cfg.train:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if cfg.test:
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        ckpt = best or (None if cfg.train else cfg.ckpt_path)
-        for results in trainer.test(module, datamodule=datamodule, ckpt_path=ckpt, verbose=False):
+        ckpt = best or (None if cfg.train else run.ckpt_path)
+        for results in trainer.test(module, datamodule=datamodule, ckpt_path=ckpt, verbose=False, weights_only=True):
             metrics.update({k: float(v) for k, v in results.items()})
     report(trainer, metrics)
     return metrics

@@ -19,6 +19,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from xl.checkpoint import CheckpointError, check_compatible, read_checkpoint, resolve_ckpt_path
 from xl.lit import XLLitModule
 
 
@@ -31,6 +32,7 @@ class Run:
     datamodule: Any
     module: XLLitModule
     trainer: L.Trainer
+    ckpt_path: str | None = None  # resolved and checked checkpoint to resume or evaluate
 
 
 def check_device(cfg: DictConfig) -> None:
@@ -128,10 +130,30 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
     return trainer
 
 
+def check_checkpoint(cfg: DictConfig, module: XLLitModule) -> str | None:
+    """Resolve ``ckpt_path`` (a file or a run folder) and refuse one that cannot serve this run."""
+    if not cfg.get("ckpt_path"):
+        return None
+    path = resolve_ckpt_path(cfg.ckpt_path)
+    checkpoint = read_checkpoint(path)
+    state = checkpoint.get("xl")
+    if not isinstance(state, dict) or "model_config" not in state:
+        raise CheckpointError(f"ckpt_path={path} is not a checkpoint written by this project's train.py")
+    check_compatible(state["model_config"], module.config.to_dict(), resuming=bool(cfg.train), path=path)
+    memory = state.get("train_memory")
+    if cfg.train and memory is not None and memory.size(2) != cfg.data.batch_size:
+        raise CheckpointError(
+            f"ckpt_path={path} was trained with data.batch_size={memory.size(2)} (this run: {cfg.data.batch_size}); "
+            "resume with the checkpoint's batch size"
+        )
+    return str(path)
+
+
 def build_run(cfg: DictConfig) -> Run:
-    """Everything a run needs, validated in order of cost: device, data, model, trainer."""
+    """Everything a run needs, validated in order of cost: device, data, model, checkpoint, trainer."""
     check_device(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     datamodule = build_datamodule(cfg)
     module = build_module(cfg, datamodule)
-    return Run(datamodule, module, build_trainer(cfg))
+    ckpt_path = check_checkpoint(cfg, module)
+    return Run(datamodule, module, build_trainer(cfg), ckpt_path)

@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 
+from xl.checkpoint import CheckpointError, rng_state, set_rng_state
 from xl.memory import cache_footprint
 from xl.model import TransformerXL, XLConfig, check_context
 
@@ -116,9 +117,6 @@ class XLLitModule(L.LightningModule):
         self.mems[stage] = out.mems
         return out.loss
 
-    def on_train_epoch_start(self) -> None:
-        self.reset_memory("train")
-
     def on_validation_epoch_start(self) -> None:
         self.reset_memory("val")
 
@@ -130,6 +128,10 @@ class XLLitModule(L.LightningModule):
 
     # ---- steps and metrics ----------------------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        if batch_idx == 0:
+            # The streams restart at every epoch. Keyed on the batch index, not on epoch start, so that
+            # a run resumed mid-epoch keeps the memory it restored from the checkpoint.
+            self.reset_memory("train")
         loss = self.step(batch, "train")
         n_tokens = batch[1].numel()
         self.train_nll.update(loss.detach(), weight=n_tokens)
@@ -177,6 +179,35 @@ class XLLitModule(L.LightningModule):
     def quality(self, nll: Tensor) -> Tensor:
         """Bits per byte/char, or word perplexity, from a mean NLL in nats."""
         return nll.exp() if self.unit == "word" else nll / math.log(2)
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Add the model config, every rank's training memory and the RNG states (see xl.checkpoint)."""
+        mems = self.mems["train"]
+        gathered = None
+        if mems is not None:
+            stacked = torch.stack(mems)  # [n_layer, B, M, d]
+            # Every rank runs this hook; all_gather returns [world, n_layer, B, M, d] (no world dim on 1 rank).
+            gathered = self.all_gather(stacked) if self.trainer.world_size > 1 else stacked[None]
+            gathered = gathered.cpu()
+        checkpoint["xl"] = {"model_config": self.config.to_dict(), "train_memory": gathered, "rng": rng_state()}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Give each rank back its own rows of the training memory, and restore the RNG states."""
+        state = checkpoint.get("xl")
+        if state is None:
+            return
+        memory = state["train_memory"]
+        if memory is not None:
+            world, rank = self.trainer.world_size, self.trainer.global_rank
+            if memory.size(0) != world:
+                raise CheckpointError(
+                    f"the checkpoint's memory comes from {memory.size(0)} processes, this run has {world}; "
+                    "resume with the same trainer.devices and trainer.num_nodes"
+                )
+            memory = list(memory[rank].to(self.device).unbind(0))
+        self.mems["train"] = memory
+        set_rng_state(state["rng"])
 
     # ---- set-up ---------------------------------------------------------------------------------
     def on_fit_start(self) -> None:

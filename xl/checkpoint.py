@@ -1,0 +1,79 @@
+"""What a checkpoint holds beyond Lightning's own state, and reading one safely.
+
+Lightning saves weights, optimizer, scheduler, loop counters and the train loader's position. We add
+under ``checkpoint["xl"]`` what makes a resume exact: the model config, the training memory of every
+rank (gathered, since only rank 0 writes the file) and the random-number generators' states.
+Checkpoints are read with ``weights_only=True``: no pickled code is ever executed.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+# Fields that fix the shape of the weights: a checkpoint with other values cannot be loaded.
+SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner", "pre_lnorm", "tie_weights")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used as asked; the message names the setting to change."""
+
+
+def resolve_ckpt_path(path: str | Path) -> Path:
+    """A checkpoint file, or a run folder whose ``checkpoints/last.ckpt`` is meant."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        for candidate in (p / "checkpoints" / "last.ckpt", p / "last.ckpt"):
+            if candidate.is_file():
+                return candidate
+        raise CheckpointError(f"ckpt_path={path} is a folder without checkpoints/last.ckpt; give the .ckpt file")
+    if not p.is_file():
+        raise CheckpointError(f"ckpt_path={path} does not exist; give a .ckpt file or a run folder")
+    return p
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Load on CPU without executing pickled code; a damaged file is one clear error."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # torch raises many types for truncated/garbage files
+        reason = str(err).splitlines()[0][:200]
+        raise CheckpointError(f"ckpt_path={path} cannot be read (truncated, corrupt or not a checkpoint): {reason}")
+
+
+def check_compatible(saved: dict[str, Any], current: dict[str, Any], resuming: bool, path: Path) -> None:
+    """Refuse a checkpoint whose weights do not fit the configured model, naming every mismatch."""
+    fields = SHAPE_FIELDS + (("mem_len",) if resuming else ())
+    diff = [f"{f}={saved.get(f)} (this run: {current.get(f)})" for f in fields if saved.get(f) != current.get(f)]
+    if diff:
+        what = "resumed" if resuming else "loaded"
+        raise CheckpointError(
+            f"ckpt_path={path} cannot be {what} with this config: the checkpoint has {', '.join(diff)}; "
+            "set the model/memory options to the checkpoint's values"
+        )
+
+
+def rng_state() -> dict[str, Any]:
+    """Every generator that dropout or data code may draw from, in weights_only-loadable types."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
