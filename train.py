@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from xl.build import ConfigError, build_run
+from xl.callbacks import PreemptionCheckpoint
 from xl.checkpoint import CheckpointError
 from xl.data import DataError
 
@@ -28,6 +30,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     trainer, module, datamodule = run.trainer, run.module, run.datamodule
     if cfg.train:
         trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
+        stop_for_signal(trainer)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if cfg.test:
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
@@ -36,6 +39,15 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             metrics.update({k: float(v) for k, v in results.items()})
     report(trainer, metrics)
     return metrics
+
+
+def stop_for_signal(trainer) -> None:
+    """After a preemption signal: say where the checkpoint is and how to resume, then exit."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, PreemptionCheckpoint) and callback.signal_name:
+            run_dir = Path(trainer.default_root_dir)
+            sys.exit(f"stopped by {callback.signal_name} after step {trainer.global_step}; checkpoint "
+                     f"{callback.saved_path}; resume with the same overrides plus ckpt_path={run_dir}")
 
 
 def report(trainer, metrics: dict[str, float]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import lightning as L
@@ -83,3 +85,30 @@ def test_damaged_checkpoint_is_one_clear_error(tmp_path, corpus, damage):
     with pytest.raises(CheckpointError, match="ckpt_path=") as info:
         build_run(cfg)
     assert "\n" not in str(info.value)
+
+
+class SendSignal(L.Callback):
+    """Delivers a real signal to this process in the middle of a training step."""
+
+    def __init__(self, signum: int, at_step: int) -> None:
+        self.signum, self.at_step = signum, at_step
+
+    def on_before_backward(self, trainer, module, loss):
+        if trainer.global_step == self.at_step - 1:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+def test_signal_checkpoints_and_resume_is_exact(tmp_path, corpus, signum):
+    whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole"))
+    run = build_run(resume_cfg(tmp_path, corpus, "first", "callbacks.model_checkpoint.every_n_train_steps=null"))
+    run.trainer.callbacks.append(SendSignal(signum, at_step=STOP_AT))
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert run.trainer.global_step == STOP_AT, "the run stops at the end of the step the signal arrived in"
+    ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
+    assert torch.load(ckpt, weights_only=True)["global_step"] == STOP_AT
+    assert signal.getsignal(signum) is not None  # handlers are restored after fit
+
+    second, second_losses = fit(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={ckpt}"))
+    assert sorted(second_losses) == list(range(STOP_AT + 1, STEPS + 1))
+    assert all(second_losses[s] == whole_losses[s] for s in second_losses)
