@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from xl.build import ConfigError, build_run
 from xl.callbacks import PreemptionCheckpoint
 from xl.checkpoint import CheckpointError
+from xl.lit import NonFiniteError
 from xl.data import DataError
 
 log = logging.getLogger("train")
@@ -29,7 +30,10 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         sys.exit(f"error: {err}")
     trainer, module, datamodule = run.trainer, run.module, run.datamodule
     if cfg.train:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
+        except NonFiniteError as err:
+            sys.exit(f"error: {err}")
         stop_for_signal(trainer)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if cfg.test:

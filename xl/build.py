@@ -83,6 +83,7 @@ def build_module(cfg: DictConfig, datamodule: Any) -> XLLitModule:
             eval_same_length=cfg.memory.eval_same_length,
             eval_clamp_len=cfg.memory.get("eval_clamp_len"),
             unit=datamodule.unit,
+            max_nonfinite_steps=cfg.max_nonfinite_steps,
         )
     except (TypeError, ValueError) as err:
         raise ConfigError(f"invalid model/memory/optim setting: {err}") from err

@@ -26,6 +26,10 @@ from xl.model import TransformerXL, XLConfig, check_context
 STAGES = ("train", "val", "test", "predict")
 
 
+class NonFiniteError(RuntimeError):
+    """Training produced non-finite losses or gradients too many steps in a row."""
+
+
 @dataclass
 class OptimConfig:
     """AdamW with linear warm-up then cosine decay to ``min_lr_ratio × lr`` (the paper's schedule)."""
@@ -76,6 +80,7 @@ class XLLitModule(L.LightningModule):
         eval_same_length: bool | None = None,
         eval_clamp_len: int | None = None,
         unit: str = "byte",
+        max_nonfinite_steps: int = 5,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -90,6 +95,11 @@ class XLLitModule(L.LightningModule):
         if unit not in ("byte", "char", "word"):
             raise ValueError(f"unit must be byte, char or word, got {unit!r}")
         self.unit = unit
+        if max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.nonfinite_in_row = 0
+        self.nonfinite_total = 0
         self.model = TransformerXL(self.config)
         self.mems: dict[str, list[Tensor] | None] = dict.fromkeys(STAGES)
         # Token-weighted mean NLL per stage; MeanMetric reduces (sum, weight) across ranks exactly.
@@ -127,18 +137,44 @@ class XLLitModule(L.LightningModule):
         self.reset_memory("predict")
 
     # ---- steps and metrics ----------------------------------------------------------------------
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor | None:
         if batch_idx == 0:
             # The streams restart at every epoch. Keyed on the batch index, not on epoch start, so that
             # a run resumed mid-epoch keeps the memory it restored from the checkpoint.
             self.reset_memory("train")
         loss = self.step(batch, "train")
+        if not torch.isfinite(loss):
+            # Its memory would poison every later step: drop it, and return None so Lightning skips the update.
+            self.reset_memory("train")
+            self.count_nonfinite("loss")
+            return None
         n_tokens = batch[1].numel()
         self.train_nll.update(loss.detach(), weight=n_tokens)
         loss_value = loss.detach()
         self.log_dict({"train/loss": loss_value, f"train/{self.quality_name}": self.quality(loss_value)},
                       on_step=True, prog_bar=True, batch_size=batch[1].size(0))
         return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """A non-finite gradient (finite loss) is not applied either: AdamW skips parameters without grads."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)):
+            for p in self.model.parameters():
+                p.grad = None
+            self.count_nonfinite("gradient")
+        elif grads:
+            self.nonfinite_in_row = 0
+
+    def count_nonfinite(self, what: str) -> None:
+        self.nonfinite_in_row += 1
+        self.nonfinite_total += 1
+        self.log("train/nonfinite_steps", float(self.nonfinite_total), on_step=True)
+        rank_zero_warn(f"non-finite {what} at step {self.global_step}: the update was skipped")
+        if self.nonfinite_in_row >= self.max_nonfinite_steps:
+            raise NonFiniteError(
+                f"non-finite {what} for {self.nonfinite_in_row} steps in a row (last at step {self.global_step}); "
+                "the last good checkpoint is kept; lower optim.lr or set trainer.gradient_clip_val"
+            )
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")

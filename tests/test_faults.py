@@ -1,0 +1,60 @@
+"""Non-finite steps are skipped and counted; too many in a row stop the run, keeping the last checkpoint."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+from tests.conftest import compose_config, tiny_overrides
+from xl.build import build_run
+from xl.lit import NonFiniteError
+
+
+class PoisonGradients(L.Callback):
+    """Makes one parameter's gradient NaN on the chosen steps."""
+
+    def __init__(self, steps: set[int]) -> None:
+        self.steps = steps
+        self.weights: dict[int, dict[str, torch.Tensor]] = {}
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.weights[trainer.global_step] = {k: v.clone() for k, v in module.model.state_dict().items()}
+        if trainer.global_step in self.steps:
+            param = module.model.layers[0].ff.net[0].weight
+            handle = param.register_hook(lambda grad: grad * float("nan"))
+            self.handle = handle
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if getattr(self, "handle", None) is not None:
+            self.handle.remove()
+            self.handle = None
+
+
+def test_nonfinite_gradient_step_is_skipped_and_counted(tmp_path, corpus):
+    run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "trainer.max_steps=6", "logger=csv"))
+    poison = PoisonGradients({3})
+    run.trainer.callbacks.append(poison)
+    with pytest.warns(UserWarning, match="non-finite gradient at step 3"):
+        run.trainer.fit(run.module, datamodule=run.datamodule)
+    after_poisoned_step = poison.weights[4]
+    for name, before in poison.weights[3].items():
+        assert torch.equal(before, after_poisoned_step[name]), f"{name} changed in the skipped step"
+    assert not torch.equal(poison.weights[4]["embed.weight"], poison.weights[5]["embed.weight"])
+    assert run.module.nonfinite_total == 1 and run.module.nonfinite_in_row == 0
+    assert all(torch.isfinite(p).all() for p in run.module.parameters())
+
+
+def test_too_many_nonfinite_steps_stop_the_run_keeping_the_checkpoint(tmp_path, corpus):
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), "trainer.max_steps=20", "max_nonfinite_steps=3",
+                         "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.every_n_train_steps=2")
+    run = build_run(cfg)
+    poison = PoisonGradients(set(range(4, 20)))
+    run.trainer.callbacks.append(poison)
+    with pytest.raises(NonFiniteError, match=r"3 steps in a row \(last at step 6\).*lower optim.lr"):
+        run.trainer.fit(run.module, datamodule=run.datamodule)
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    # Checkpoints written during the skipped steps hold the last good weights (those before step 4).
+    assert last["global_step"] == 6
+    for name, value in poison.weights[4].items():
+        assert torch.equal(last["state_dict"][f"model.{name}"], value)
