@@ -1,0 +1,38 @@
+"""A callback that records, per rank, what a DDP run did (imported by train.py runs in tests)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning as L
+
+
+class RankProbe(L.Callback):
+    """Writes one JSON line per event to ``<out_dir>/rank<r>.jsonl``."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def _write(self, trainer: L.Trainer, record: dict) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.out_dir / f"rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps({"rank": trainer.global_rank, **record}) + "\n")
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        mems = module.mems["train"]
+        self._write(trainer, {
+            "event": "train", "step": trainer.global_step, "loss": outputs["loss"].item(),
+            "first_tokens": batch[0][:, 0].tolist(), "memory_sum": float(sum(m.double().sum() for m in mems)),
+        })
+
+    def on_validation_epoch_end(self, trainer, module):
+        # Runs before the module's own hook: the metric still holds this rank's unsynced sums.
+        nll = module.val_nll
+        self._write(trainer, {"event": "val_local", "step": trainer.global_step,
+                              "sum": float(nll.mean_value), "weight": float(nll.weight)})
+
+    def on_validation_end(self, trainer, module):
+        if not trainer.sanity_checking:
+            self._write(trainer, {"event": "val", "step": trainer.global_step,
+                                  "loss": float(trainer.callback_metrics["val/loss"])})
