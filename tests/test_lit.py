@@ -20,6 +20,13 @@ class Recorder(L.Callback):
         self.events: list[tuple] = []
         self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
+    def on_fit_start(self, trainer, module):
+        # The memory the model is actually called with, whatever the module does before the call.
+        def record(model, args):
+            if model.training:
+                self.events.append(("forward", None, args[1]))
+        module.model.register_forward_pre_hook(record)
+
     def on_train_epoch_start(self, trainer, module):
         self.events.append(("epoch_start", trainer.current_epoch, module.mems["train"]))
 
@@ -45,16 +52,21 @@ def fit_with_recorder(cfg) -> tuple:
     return run, recorder
 
 
-def test_training_memory_persists_is_detached_and_resets_each_epoch(tiny_cfg):
-    tiny_cfg.trainer.limit_train_batches = 6  # epochs of 6 segments: 20 steps span 4 epochs
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_training_memory_persists_is_detached_and_resets_each_epoch(tiny_cfg, accumulate):
+    tiny_cfg.trainer.limit_train_batches = 6  # epochs of 6 segments: 24 segments span 4 epochs
+    tiny_cfg.trainer.accumulate_grad_batches = accumulate  # memory stays continuous across accumulated segments
+    tiny_cfg.trainer.max_steps = 24 // accumulate
     run, rec = fit_with_recorder(tiny_cfg)
-    last_after = None
+    last_after, batch_idx = None, None
     epochs_started = 0
     for kind, idx, mems in rec.events:
         if kind == "epoch_start":
             epochs_started += 1
         elif kind == "before":
-            if idx == 0:
+            batch_idx = idx
+        elif kind == "forward":
+            if batch_idx == 0:
                 assert mems is None, "a new epoch restarts every stream, so the memory must be empty"
             else:
                 assert mems is last_after, "each step must read the memory the previous step wrote"
@@ -88,8 +100,9 @@ def test_short_run_lowers_the_loss(tmp_path, corpus):
 
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), "trainer.max_steps=60", "optim.lr=3e-3",
                          "optim.warmup_steps=5", "trainer.val_check_interval=30")
+    untrained = build_run(cfg)  # same seed, so the same initial weights as the run below
+    before = untrained.trainer.validate(untrained.module, datamodule=untrained.datamodule, verbose=False)[0]["val/loss"]
     run = build_run(cfg)
-    before = run.trainer.validate(run.module, datamodule=run.datamodule, verbose=False)[0]["val/loss"]
     run.trainer.fit(run.module, datamodule=run.datamodule)
     after = float(run.trainer.callback_metrics["val/loss"])
     assert after < before - 0.5, (before, after)
