@@ -1,0 +1,123 @@
+"""Tokenise a source once and keep the ids on disk as memory-mappable ``.npy`` files.
+
+The folder name is a hash of the source identity and tokenizer settings, so a changed file or vocabulary
+setting gets a fresh folder. Every file is written to a temporary name in the same folder and moved into
+place with ``os.replace``; ``meta.json`` is written last and marks the folder complete, so a crash or a full
+disk never leaves a cache that a later run trusts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from xl.data.errors import DataError
+from xl.data.sources import SPLITS, Source
+from xl.data.tokenizers import Tokenizer, tokenizer_from_dict
+
+CACHE_FORMAT = 1
+TOP_UNKNOWN = 20
+
+
+@dataclass(frozen=True)
+class TokenCache:
+    """A complete cache folder opened for reading: the fitted tokenizer and one read-only memmap per split."""
+
+    folder: Path
+    tokenizer: Tokenizer
+    splits: dict[str, np.ndarray]
+    meta: dict[str, Any]
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """``cache_dir`` if given, else ``$XL_CACHE_DIR``, else ``~/.cache/xl``."""
+    return Path(cache_dir or os.environ.get("XL_CACHE_DIR") or Path.home() / ".cache" / "xl").expanduser()
+
+
+def cache_folder(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLike | None = None) -> Path:
+    key = json.dumps({"format": CACHE_FORMAT, "source": source.identity(), "tokenizer": tokenizer.key()})
+    return cache_root(cache_dir) / f"{tokenizer.unit}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest dtype that holds every id: uint8, uint16 or int32."""
+    return np.dtype(np.uint8 if vocab_size <= 256 else np.uint16 if vocab_size <= 65535 else np.int32)
+
+
+def build_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Fit ``tokenizer`` on the train split and write every split's ids, unless a complete cache exists."""
+    folder = cache_folder(source, tokenizer, cache_dir)
+    if (folder / "meta.json").is_file():
+        return folder
+    start = time.perf_counter()
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.fit(_checked_texts(source, "train", tokenizer))
+    dtype = token_dtype(tokenizer.vocab_size)
+    splits = {}
+    for split in SPLITS:
+        unknown: Counter[str] = Counter()
+        texts = _checked_texts(source, split, tokenizer)
+        parts = [tokenizer.encode(text, unknown).astype(dtype, copy=False) for text in texts]
+        ids = np.concatenate(parts) if parts else np.zeros(0, dtype)
+        if ids.size == 0:
+            raise DataError(f"{source.setting(split)} gives no tokens; point it at a non-empty corpus")
+        _write_atomic(folder / f"{split}.npy", lambda f, ids=ids: np.save(f, ids))
+        splits[split] = {"tokens": int(ids.size), "unknown": sum(unknown.values()),
+                         "unknown_top": unknown.most_common(TOP_UNKNOWN)}
+    _write_atomic(folder / "tokenizer.json", lambda f: f.write(json.dumps(tokenizer.to_dict()).encode()))
+    meta = {"format": CACHE_FORMAT, "source": source.identity(), "tokenizer": tokenizer.key(),
+            "unit": tokenizer.unit, "vocab_size": tokenizer.vocab_size, "dtype": dtype.name, "splits": splits,
+            "build_seconds": round(time.perf_counter() - start, 3)}
+    _write_atomic(folder / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    return folder
+
+
+def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLike | None = None) -> TokenCache:
+    """Build the cache if needed, then memory-map it; the returned tokenizer is the fitted one from disk."""
+    folder = build_cache(source, tokenizer, cache_dir)
+    meta = json.loads((folder / "meta.json").read_text())
+    fitted = tokenizer_from_dict(json.loads((folder / "tokenizer.json").read_text()))
+    splits = {split: np.load(folder / f"{split}.npy", mmap_mode="r") for split in SPLITS}
+    return TokenCache(folder, fitted, splits, meta)
+
+
+def _checked_texts(source: Source, split: str, tokenizer: Tokenizer) -> Iterator[str]:
+    """The split's text; for char/word tokenizers, binary data (NUL bytes, invalid UTF-8) is an error."""
+    for text in source.texts(split):
+        if tokenizer.unit != "byte" and ("\x00" in text or not _is_utf8(text)):
+            raise DataError(f"{source.setting(split)} looks binary (NUL bytes or invalid UTF-8); a {tokenizer.unit} "
+                            "tokenizer needs text, so fix the file or set data.tokenizer=byte")
+        yield text
+
+
+def _is_utf8(text: str) -> bool:
+    """False when ``text`` holds lone surrogates, i.e. bytes that were not valid UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _write_atomic(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write through a temporary file in the same folder and rename it over ``path`` only once it is complete."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,105 @@
+"""The Lightning DataModule: a source and a tokenizer in, ordered segment loaders out.
+
+``prepare_data`` (rank 0 of each node, by Lightning's design) tokenises into the on-disk cache; ``setup`` opens
+the memory maps on every rank and cuts this rank's streams. ``train_dataloader`` hands Lightning the
+:class:`SegmentLoader` itself so the fit loop checkpoints and restores its position.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lightning
+
+from xl.data.cache import TokenCache, build_cache, open_cache
+from xl.data.errors import DataError
+from xl.data.sources import SPLITS, Source, TextFilesSource
+from xl.data.stream import SegmentLoader
+from xl.data.tokenizers import Tokenizer, make_tokenizer
+
+STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}
+
+
+class SegmentDataModule(lightning.LightningDataModule):
+    """Never-shuffled Transformer-XL segments of one corpus; ``eval_*`` default to the training values."""
+
+    def __init__(
+        self,
+        source: Source,
+        tokenizer: str = "byte",
+        batch_size: int = 8,
+        tgt_len: int = 128,
+        eval_batch_size: int | None = None,
+        eval_tgt_len: int | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        tokenizer_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.tokenizer_name = tokenizer
+        self.tokenizer_kwargs = dict(tokenizer_kwargs or {})
+        make_tokenizer(tokenizer, **self.tokenizer_kwargs)  # fail on a bad name or setting now, not in prepare_data
+        self.batch_size = batch_size
+        self.tgt_len = tgt_len
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.eval_tgt_len = eval_tgt_len or tgt_len
+        for setting in ("batch_size", "tgt_len", "eval_batch_size", "eval_tgt_len"):
+            if getattr(self, setting) < 1:
+                raise DataError(f"data.{setting} must be at least 1, got {getattr(self, setting)}")
+        self.cache_dir = cache_dir
+        self._cache: TokenCache | None = None
+        self._loaders: dict[str, SegmentLoader] = {}
+
+    @classmethod
+    def from_files(cls, train: str, val: str, test: str, **kwargs: Any) -> SegmentDataModule:
+        """The ``data=text`` entry point: ``data.train/val/test`` are paths of local text files."""
+        return cls(TextFilesSource(train, val, test), **kwargs)
+
+    def prepare_data(self) -> None:
+        build_cache(self.source, make_tokenizer(self.tokenizer_name, **self.tokenizer_kwargs), self.cache_dir)
+
+    @property
+    def cache(self) -> TokenCache:
+        """The opened token cache (built first if this process is the first to need it)."""
+        if self._cache is None:
+            tokenizer = make_tokenizer(self.tokenizer_name, **self.tokenizer_kwargs)
+            self._cache = open_cache(self.source, tokenizer, self.cache_dir)
+        return self._cache
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.cache.tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cache.tokenizer.vocab_size
+
+    @property
+    def unit(self) -> str:
+        return self.cache.tokenizer.unit
+
+    def setup(self, stage: str | None = None) -> None:
+        """Cut this rank's streams for the splits ``stage`` needs; a split too short for one batch fails here."""
+        for split in STAGE_SPLITS.get(stage, SPLITS):
+            self._loaders[split] = self._make_loader(split)
+
+    def _make_loader(self, split: str) -> SegmentLoader:
+        world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        if split == "train":
+            return SegmentLoader(self.cache.splits[split], self.batch_size, self.tgt_len, rank, world_size, split)
+        return SegmentLoader(self.cache.splits[split], self.eval_batch_size, self.eval_tgt_len, rank, world_size, split)
+
+    def _loader(self, split: str) -> SegmentLoader:
+        if split not in self._loaders:
+            self._loaders[split] = self._make_loader(split)
+        return self._loaders[split]
+
+    def train_dataloader(self) -> SegmentLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> SegmentLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> SegmentLoader:
+        return self._loader("test")

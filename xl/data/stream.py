@@ -1,0 +1,112 @@
+"""The ordered loader: contiguous streams cut into consecutive segments, never shuffled.
+
+Transformer-XL carries memory from segment t to segment t+1, so row b of batch t+1 must continue exactly where
+row b of batch t ended. The loader is the object ``train_dataloader()`` returns, because Lightning saves and
+restores ``state_dict()`` only of that object; it is not a ``DataLoader``, so Lightning cannot slip a
+``DistributedSampler`` in or read ahead with workers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from xl.data.errors import DataError
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def split_streams(ids: np.ndarray, batch_size: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
+    """This rank's ``[batch_size, T]`` view of ``ids`` cut into ``batch_size * world_size`` equal contiguous rows.
+
+    The tail that does not fill a whole row is dropped; rank r owns rows ``r*batch_size … (r+1)*batch_size - 1``,
+    so every kept token lies in exactly one row of one rank.
+    """
+    if batch_size < 1:
+        raise DataError(f"data.batch_size must be at least 1, got {batch_size}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise DataError(f"rank {rank} is outside world size {world_size}; check trainer.devices and trainer.num_nodes")
+    if ids.ndim != 1:
+        raise DataError(f"token ids must be one-dimensional, got shape {ids.shape}; rebuild the data cache")
+    n_rows = batch_size * world_size
+    row_len = len(ids) // n_rows
+    rows = ids[: n_rows * row_len].reshape(n_rows, row_len)
+    return rows[rank * batch_size : (rank + 1) * batch_size]
+
+
+class SegmentLoader:
+    """Yields ``(x, y)`` int64 tensors ``[B, L]``: ``x = rows[:, tL : tL+L]`` and ``y`` the same shifted by one.
+
+    Every token but the last of each row is an input once; the last segment may be shorter than ``tgt_len``.
+    The position (the next segment to yield) is reset by each ``iter()`` - Lightning stops a sized loader after
+    ``len()`` batches without exhausting it - unless ``load_state_dict`` has just set it.
+    """
+
+    def __init__(
+        self, ids: np.ndarray, batch_size: int, tgt_len: int, rank: int = 0, world_size: int = 1, name: str = "train"
+    ) -> None:
+        if tgt_len < 1:
+            raise DataError(f"data.tgt_len must be at least 1, got {tgt_len}")
+        self.ids = ids
+        self.rows = split_streams(ids, batch_size, rank, world_size)
+        if self.rows.shape[1] < 2:
+            raise DataError(
+                f"the {name} split has {len(ids)} tokens, too few for {batch_size * world_size} rows of at least 2 "
+                f"(batch size {batch_size} x {world_size} devices); reduce data.batch_size/data.eval_batch_size "
+                "or use a bigger corpus"
+            )
+        self.batch_size, self.tgt_len, self.rank, self.world_size = batch_size, tgt_len, rank, world_size
+        self._position = 0
+        self._resuming = False
+
+    def __len__(self) -> int:
+        return math.ceil((self.rows.shape[1] - 1) / self.tgt_len)
+
+    def segment(self, t: int) -> Batch:
+        """Segment ``t`` as contiguous int64 copies (safe to pin, independent of the memory map)."""
+        start = t * self.tgt_len
+        end = min(start + self.tgt_len, self.rows.shape[1] - 1)
+        x = torch.from_numpy(np.array(self.rows[:, start:end], dtype=np.int64))
+        y = torch.from_numpy(np.array(self.rows[:, start + 1 : end + 1], dtype=np.int64))
+        return x, y
+
+    def __iter__(self) -> Iterator[Batch]:
+        if not self._resuming:
+            self._position = 0
+        self._resuming = False
+        return self._segments(self._position)
+
+    def _segments(self, start: int) -> Iterator[Batch]:
+        for t in range(start, len(self)):
+            self._position = t + 1
+            yield self.segment(t)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "position": self._position,
+            "batch_size": self.batch_size,
+            "tgt_len": self.tgt_len,
+            "world_size": self.world_size,
+            "rank": self.rank,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next ``iter()`` start at the saved position; the rank is not compared (rank 0's state is saved)."""
+        settings = {"batch_size": "data.batch_size", "tgt_len": "data.tgt_len", "world_size": "the number of devices"}
+        for key, setting in settings.items():
+            if state[key] != getattr(self, key):
+                raise DataError(
+                    f"the checkpoint's data position was saved with {key}={state[key]} but this run has "
+                    f"{getattr(self, key)}; resume with the same {setting} or start without the checkpoint"
+                )
+        if not 0 <= state["position"] <= len(self):
+            raise DataError(
+                f"the checkpoint's data position {state['position']} is outside this corpus's {len(self)} segments; "
+                "resume with the same data settings and corpus or start without the checkpoint"
+            )
+        self._position = state["position"]
+        self._resuming = True
