@@ -6,6 +6,7 @@ and say where everything went. ``-m`` sweeps, e.g. ``python train.py -m memory.m
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 from pathlib import Path
@@ -34,6 +35,11 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
         except NonFiniteError as err:
             sys.exit(f"error: {err}")
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            sys.exit(f"error: disk full while training ({err.strerror}); the last complete checkpoint in "
+                     f"{trainer.default_root_dir} is intact; free space and resume with ckpt_path={trainer.default_root_dir}")
         stop_for_signal(trainer)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if cfg.test:

@@ -7,6 +7,7 @@ long work starts is done here and raises :class:`ConfigError` with one sentence 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,16 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from hydra.types import RunMode
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.checkpoint import CheckpointError, check_compatible, read_checkpoint, resolve_ckpt_path
+from xl.data import DataError
 from xl.lit import XLLitModule
+
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -69,8 +75,24 @@ def model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
 
 def build_datamodule(cfg: DictConfig) -> Any:
     """Instantiate the data group and tokenise/cache the corpus now, so bad data fails first."""
-    datamodule = instantiate(cfg.data)
-    datamodule.prepare_data()
+    try:
+        datamodule = instantiate(cfg.data)
+    except InstantiationException as err:  # Hydra wraps the real error; report that one
+        cause = err.__cause__
+        if isinstance(cause, DataError):
+            raise cause from None
+        raise ConfigError(f"invalid data setting: {cause or err}") from err
+    try:
+        datamodule.prepare_data()
+    except OSError as err:  # e.g. a full disk: the cache writes atomically, so nothing half-written is kept
+        raise DataError(
+            f"cannot write the token cache ({err.strerror or err}); free disk space or set data.cache_dir"
+        ) from err
+    for split, info in datamodule.cache.meta["splits"].items():
+        if info.get("unknown"):
+            top = ", ".join(f"{symbol!r}×{n}" for symbol, n in info.get("unknown_top", []))
+            log.warning("%d %s symbols of the %s split are not in the vocabulary and read as <unk> (%s)",
+                        info["unknown"], datamodule.unit, split, top)
     return datamodule
 
 
@@ -150,6 +172,13 @@ def check_checkpoint(cfg: DictConfig, module: XLLitModule) -> str | None:
     return str(path)
 
 
+def check_splits(cfg: DictConfig, datamodule: Any, trainer: L.Trainer) -> None:
+    """Cut every split's streams for this trainer's world size now: one too short for a batch fails here."""
+    datamodule.trainer = trainer
+    for stage in ("fit", "test") if cfg.get("test") else ("fit",):
+        datamodule.setup(stage)
+
+
 def build_run(cfg: DictConfig) -> Run:
     """Everything a run needs, validated in order of cost: device, data, model, checkpoint, trainer."""
     check_device(cfg)
@@ -157,4 +186,6 @@ def build_run(cfg: DictConfig) -> Run:
     datamodule = build_datamodule(cfg)
     module = build_module(cfg, datamodule)
     ckpt_path = check_checkpoint(cfg, module)
-    return Run(datamodule, module, build_trainer(cfg), ckpt_path)
+    trainer = build_trainer(cfg)
+    check_splits(cfg, datamodule, trainer)
+    return Run(datamodule, module, trainer, ckpt_path)
