@@ -42,8 +42,8 @@ class SegmentDataModule(lightning.LightningDataModule):
         make_tokenizer(tokenizer, **self.tokenizer_kwargs)  # fail on a bad name or setting now, not in prepare_data
         self.batch_size = batch_size
         self.tgt_len = tgt_len
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.eval_tgt_len = eval_tgt_len or tgt_len
+        self.eval_batch_size = batch_size if eval_batch_size is None else eval_batch_size
+        self.eval_tgt_len = tgt_len if eval_tgt_len is None else eval_tgt_len
         for setting in ("batch_size", "tgt_len", "eval_batch_size", "eval_tgt_len"):
             if getattr(self, setting) < 1:
                 raise DataError(f"data.{setting} must be at least 1, got {getattr(self, setting)}")
@@ -55,6 +55,10 @@ class SegmentDataModule(lightning.LightningDataModule):
     def from_files(cls, train: str, val: str, test: str, **kwargs: Any) -> SegmentDataModule:
         """The ``data=text`` entry point: ``data.train/val/test`` are paths of local text files."""
         return cls(TextFilesSource(train, val, test), **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Memory maps belong to one process: a pickled copy (``ddp_spawn``) reopens the cache, not the arrays."""
+        return {**self.__dict__, "_cache": None, "_loaders": {}}
 
     def prepare_data(self) -> None:
         build_cache(self.source, make_tokenizer(self.tokenizer_name, **self.tokenizer_kwargs), self.cache_dir)

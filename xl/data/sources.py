@@ -25,12 +25,12 @@ if TYPE_CHECKING:
 SPLITS = ("train", "val", "test")
 CHUNK_BYTES = 8 << 20
 EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idle_test"})
-OFFLINE_HINT = (
-    "download the files elsewhere and use data=text data.train=PATH data.val=PATH data.test=PATH"
-)
+OFFLINE_HINT = "download the files elsewhere and use data=text data.train=PATH data.val=PATH data.test=PATH"
 
 
 class Source(Protocol):
+    """What the cache needs from a corpus (see the module docstring)."""
+
     def identity(self) -> str: ...
 
     def texts(self, split: str) -> Iterator[str]: ...

@@ -96,7 +96,11 @@ class SegmentLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``iter()`` start at the saved position; the rank is not compared (rank 0's state is saved)."""
-        settings = {"batch_size": "data.batch_size", "tgt_len": "data.tgt_len", "world_size": "the number of devices"}
+        settings = {
+            "batch_size": "data.batch_size",
+            "tgt_len": "data.tgt_len",
+            "world_size": "number of devices (trainer.devices x trainer.num_nodes)",
+        }
         for key, setting in settings.items():
             if state[key] != getattr(self, key):
                 raise DataError(

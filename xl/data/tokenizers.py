@@ -72,7 +72,7 @@ class CharTokenizer:
     def fit(self, texts: Iterable[str]) -> None:
         seen = np.zeros(_N_CODEPOINTS, dtype=bool)
         for text in texts:
-            seen |= np.bincount(_codepoints(text), minlength=_N_CODEPOINTS) > 0
+            seen[_codepoints(text)] = True
         self.chars = [chr(c) for c in np.flatnonzero(seen)]
         self._table = None
 
