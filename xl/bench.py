@@ -1,0 +1,256 @@
+"""Throughput of the model on this machine: ``python -m xl.bench``.
+
+Prints training and evaluation tokens/s with the memory carried between segments (the way the
+model is used), and the cost of the attention sublayer through SDPA against the explicit-softmax
+formulation of the 2019 code, so that a speed claim can be re-checked with one command. Warm-up
+steps are excluded; every figure is the median of several timed repeats because a small shared
+CPU is noisy (±10% run to run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import statistics
+import time
+from dataclasses import fields
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from xl.attention import RelMultiHeadAttention
+from xl.model import TransformerXL, XLConfig
+
+CONFIG_S = dict(vocab_size=256, n_layer=4, n_head=4, d_model=256, d_head=64, d_inner=1024, dropout=0.1, mem_len=128)
+
+
+def cpu_model() -> str:
+    """The CPU's name as the kernel reports it (the figures mean little without it)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def median_rate(run: Callable[[], None], work: float, warmup: int, repeats: int) -> float:
+    """Median of ``work / seconds`` over ``repeats`` timed calls of ``run``, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        run()
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        rates.append(work / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def token_stream(cfg: XLConfig, batch: int, tgt_len: int, n_segments: int, seed: int = 0) -> Tensor:
+    """Random tokens [B, n_segments·L + 1]: speed does not depend on the text."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg.vocab_size, (batch, n_segments * tgt_len + 1), generator=gen)
+
+
+class SegmentRunner:
+    """Walks a token stream segment by segment, carrying the memory, as training and evaluation do."""
+
+    def __init__(self, model: TransformerXL, tokens: Tensor, tgt_len: int) -> None:
+        self.model, self.tokens, self.tgt_len = model, tokens, tgt_len
+        self.n_segments = (tokens.size(1) - 1) // tgt_len
+        self.index, self.mems = 0, None
+
+    def next_batch(self) -> tuple[Tensor, Tensor]:
+        if self.index == self.n_segments:  # wrap round; the memory stays, as at an epoch boundary
+            self.index = 0
+        s = self.index * self.tgt_len
+        self.index += 1
+        return self.tokens[:, s:s + self.tgt_len], self.tokens[:, s + 1:s + 1 + self.tgt_len]
+
+
+def train_rate(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup: int, repeats: int) -> float:
+    """Tokens/s of forward (memory carried) + backward + AdamW step + zero_grad."""
+    torch.manual_seed(0)
+    model = TransformerXL(cfg).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=2.5e-4)
+    runner = SegmentRunner(model, token_stream(cfg, batch, tgt_len, 64), tgt_len)
+
+    def run() -> None:
+        for _ in range(steps):
+            x, y = runner.next_batch()
+            out = model(x, runner.mems, y, return_logits=False)
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            runner.mems = out.mems
+
+    return median_rate(run, steps * batch * tgt_len, warmup, repeats)
+
+
+def eval_rate(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup: int, repeats: int) -> float:
+    """Tokens/s of the evaluation loop: eval mode, no_grad, memory carried, loss computed."""
+    torch.manual_seed(0)
+    model = TransformerXL(cfg).eval()
+    runner = SegmentRunner(model, token_stream(cfg, batch, tgt_len, 64), tgt_len)
+
+    @torch.no_grad()
+    def run() -> None:
+        for _ in range(steps):
+            x, y = runner.next_batch()
+            out = model(x, runner.mems, y, return_logits=False)
+            runner.mems = out.mems
+
+    return median_rate(run, steps * batch * tgt_len, warmup, repeats)
+
+
+def shift_2019(x: Tensor) -> Tensor:
+    """The 2019 code's _rel_shift: zero column in front, view as [K+1, L], drop the first row."""
+    *lead, q_len, k_len = x.shape
+    zero_pad = x.new_zeros(*lead, q_len, 1)
+    padded = torch.cat([zero_pad, x], dim=-1).view(*lead, k_len + 1, q_len)
+    return padded[..., 1:, :].reshape_as(x)
+
+
+def explicit_attention(attn: RelMultiHeadAttention, h: Tensor, mem: Tensor, pos_emb: Tensor, hidden: Tensor) -> Tensor:
+    """The same sublayer written as the 2019 code does: full score matrix, masked_fill, softmax, matmul.
+
+    Same weights as ``attn``; ``hidden`` is the boolean [L, M+L] mask (True = may not look).
+    """
+    B, L, _ = h.shape
+    H, D = attn.n_head, attn.d_head
+    cat = torch.cat([mem, h], dim=1) if mem.size(1) else h
+    if attn.pre_lnorm:
+        cat = attn.layer_norm(cat)
+    K = cat.size(1)
+    q = attn.q_net(cat[:, -L:]).view(B, L, H, D).transpose(1, 2)  # [B, H, L, D]
+    k, v = attn.kv_net(cat).view(B, K, 2, H, D).permute(2, 0, 3, 1, 4)  # 2 × [B, H, K, D]
+    r = attn.r_net(pos_emb).view(K, H, D).permute(1, 2, 0)  # [H, D, K]
+    ac = torch.matmul(q + attn.r_w_bias[:, None], k.transpose(-1, -2))
+    bd = shift_2019(torch.matmul(q + attn.r_r_bias[:, None], r))
+    scores = (ac + bd).mul_(attn.scale).masked_fill_(hidden, float("-inf"))
+    prob = F.dropout(scores.softmax(-1), attn.dropatt, attn.training)
+    out = torch.matmul(prob, v).transpose(1, 2).reshape(B, L, H * D)
+    out = attn.drop(attn.o_net(out))
+    return h + out if attn.pre_lnorm else attn.layer_norm(h + out)
+
+
+def attention_ratios(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup: int,
+                     repeats: int) -> tuple[float, float, float]:
+    """(max |SDPA − explicit|, explicit/SDPA time forward, explicit/SDPA time forward+backward).
+
+    One sublayer with a full memory (M = mem_len) in training mode with dropout off, so both paths
+    compute the same function and can be checked against each other before they are timed.
+    """
+    torch.manual_seed(0)
+    model = TransformerXL(XLConfig(**{**cfg.to_dict(), "dropout": 0.0, "dropatt": 0.0})).train()
+    attn = model.layers[0].attn
+    M, L, d = cfg.mem_len, tgt_len, cfg.d_model
+    h = torch.randn(batch, L, d, requires_grad=True)
+    mem = torch.randn(batch, M, d)
+    pos_emb, mask = model._context(L, M, cfg.clamp_len, M if cfg.same_length else None)
+    hidden = mask.isinf()
+    paths = {"sdpa": lambda: attn(h, mem, pos_emb, mask), "explicit": lambda: explicit_attention(attn, h, mem, pos_emb, hidden)}
+
+    with torch.no_grad():
+        diff = (paths["sdpa"]() - paths["explicit"]()).abs().max().item()
+    grads = {}
+    for name, f in paths.items():
+        h.grad = None
+        f().square().sum().backward()
+        grads[name] = h.grad.clone()
+    diff = max(diff, (grads["sdpa"] - grads["explicit"]).abs().max().item())
+    if not diff < 1e-4:
+        raise AssertionError(f"SDPA and explicit attention disagree by {diff:.3g}")
+
+    def forward(f: Callable[[], Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            with torch.no_grad():
+                for _ in range(steps):
+                    f()
+        return run
+
+    def backward(f: Callable[[], Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(steps):
+                f().sum().backward()
+        return run
+
+    # Interleave the two paths repeat by repeat so that a burst of load hits both alike.
+    fwd: dict[str, list[float]] = {n: [] for n in paths}
+    bwd: dict[str, list[float]] = {n: [] for n in paths}
+    for _ in range(repeats):
+        for name, f in paths.items():
+            fwd[name].append(1.0 / median_rate(forward(f), 1.0, warmup if not fwd[name] else 0, 1))
+            bwd[name].append(1.0 / median_rate(backward(f), 1.0, warmup if not bwd[name] else 0, 1))
+    med = {k: {n: statistics.median(v) for n, v in d.items()} for k, d in (("fwd", fwd), ("bwd", bwd))}
+    return diff, med["fwd"]["explicit"] / med["fwd"]["sdpa"], med["bwd"]["explicit"] / med["bwd"]["sdpa"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m xl.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=10, help="segments per timed repeat")
+    p.add_argument("--warmup", type=int, default=3, help="untimed segments before timing")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--tgt-len", type=int, default=128)
+    p.add_argument("--only", choices=("train", "eval", "attn"), action="append",
+                   help="run only these parts (repeatable); default all")
+    p.add_argument("--set", metavar="FIELD=VALUE", action="append", default=[],
+                   help="override an XLConfig field of config S, e.g. --set mem_len=256")
+    return p.parse_args(argv)
+
+
+def build_config(overrides: list[str]) -> XLConfig:
+    types = {f.name: f.type for f in fields(XLConfig)}
+    values: dict = dict(CONFIG_S)
+    for item in overrides:
+        name, _, raw = item.partition("=")
+        if name not in types:
+            raise SystemExit(f"unknown XLConfig field {name!r}; valid: {sorted(types)}")
+        kind = types[name] if isinstance(types[name], str) else types[name].__name__
+        values[name] = raw.lower() in ("1", "true", "yes") if kind == "bool" else float(raw) if kind == "float" else int(raw)
+    return XLConfig(**values)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cfg = build_config(args.set)
+    parts = args.only or ["train", "eval", "attn"]
+    B, L = args.batch, args.tgt_len
+    shape = (f"n_layer={cfg.n_layer} n_head={cfg.n_head} d_model={cfg.d_model} d_head={cfg.d_head} "
+             f"d_inner={cfg.d_inner} vocab={cfg.vocab_size} mem_len={cfg.mem_len} tgt_len={L} batch={B}")
+    print(f"machine : {cpu_model()} ({torch.backends.cpu.get_cpu_capability()}), "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"config  : {shape} dropout={cfg.dropout}")
+    print(f"timing  : {args.warmup} warm-up + median of {args.repeats} × {args.steps} segments\n")
+    results: dict[str, float] = {}
+    rows: list[tuple[str, str]] = []
+    if "train" in parts:
+        results["train_tok_s"] = train_rate(cfg, B, L, args.steps, args.warmup, args.repeats)
+        rows.append(("train tokens/s (fwd+bwd+AdamW, memory carried)", f"{results['train_tok_s']:,.0f}"))
+    if "eval" in parts:
+        results["eval_tok_s"] = eval_rate(cfg, B, L, args.steps, args.warmup, args.repeats)
+        rows.append(("eval tokens/s (no_grad, memory carried)", f"{results['eval_tok_s']:,.0f}"))
+    if "attn" in parts:
+        diff, fwd, bwd = attention_ratios(cfg, B, L, args.steps, args.warmup, args.repeats)
+        results.update(attn_max_diff=diff, attn_fwd_ratio=fwd, attn_fwd_bwd_ratio=bwd)
+        rows.append(("attention sublayer explicit/SDPA time, forward", f"{fwd:.2f}×"))
+        rows.append(("attention sublayer explicit/SDPA time, fwd+bwd", f"{bwd:.2f}×"))
+        rows.append(("  (max |SDPA − explicit| over output and grad)", f"{diff:.1e}"))
+    width = max(len(r[0]) for r in rows)
+    print(f"{'measure':<{width}}  {'value':>10}")
+    print(f"{'-' * width}  {'-' * 10}")
+    for name, value in rows:
+        print(f"{name:<{width}}  {value:>10}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
