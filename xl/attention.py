@@ -29,10 +29,57 @@ def rel_shift(scores: Tensor) -> Tensor:
     left by ``L-1-i``. Zero-pad one column, reinterpret the rows, drop the first: one copy,
     no gather. Entries with ``j > K-L+i`` (the future) hold junk and must be masked.
     """
-    *lead, q_len, k_len = scores.shape
-    padded = F.pad(scores, (1, 0))  # [..., L, K+1]
-    padded = padded.view(*lead, k_len + 1, q_len)
-    return padded[..., 1:, :].reshape(*lead, q_len, k_len)
+    return shift_padded(F.pad(scores, (1, 0)))
+
+
+def shift_padded(padded: Tensor) -> Tensor:
+    """:func:`rel_shift` of scores that already carry the zero column in front, ``[..., L, K+1]``.
+
+    Only views: the rows of each ``[L, K+1]`` block are reinterpreted as ``[K+1, L]``, the first
+    row dropped and the rest read as ``[L, K]``. The last two dims must be contiguous.
+    """
+    *lead, q_len, k_len = padded.shape
+    return padded.view(*lead, k_len, q_len)[..., 1:, :].view(*lead, q_len, k_len - 1)
+
+
+class PositionBias(torch.autograd.Function):
+    """``mask + scale · shift_padded(pos_padded)``: the additive bias handed to the attention.
+
+    Autograd through the views of :func:`shift_padded` would build the gradient as zeros of the
+    padded shape, copy into it, and copy again into the layout of the matmul that made the scores
+    (3 passes over a [B, H, L, K+1] tensor); here it is one pass into that layout directly.
+    """
+
+    @staticmethod
+    def forward(ctx, pos_padded: Tensor, mask: Tensor, scale: float) -> Tensor:
+        ctx.scale, ctx.shape, ctx.stride = scale, pos_padded.shape, pos_padded.stride()
+        return torch.add(mask.to(pos_padded.dtype), shift_padded(pos_padded), alpha=scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        *lead, q_len, k_len = ctx.shape
+        grad_padded = grad.new_empty(ctx.shape).as_strided(ctx.shape, ctx.stride)
+        grad_padded.view(*lead, q_len * k_len)[..., :q_len].zero_()  # the pad column: no score reads it
+        torch.mul(grad, ctx.scale, out=shift_padded(grad_padded))
+        return grad_padded, None, None
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` with a mask drawn as ``uniform >= p`` instead of ``bernoulli_``.
+
+    Same distribution (keep with probability 1-p, scale by 1/(1-p)), but on CPU (torch 2.13)
+    ``F.dropout`` costs ~5x a uniform draw plus a multiply, which made dropout a quarter of a
+    training step. The mask is drawn in float32 at least, so low-precision inputs keep the exact p.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if self.p == 1.0:
+            return x * 0.0
+        keep = torch.rand(x.shape, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device).ge_(self.p)
+        return x * keep.mul_(1.0 / (1.0 - self.p)).to(x.dtype)
 
 
 class RelMultiHeadAttention(nn.Module):
@@ -52,7 +99,7 @@ class RelMultiHeadAttention(nn.Module):
         self.r_w_bias = nn.Parameter(torch.zeros(n_head, d_head))
         self.r_r_bias = nn.Parameter(torch.zeros(n_head, d_head))
         self.layer_norm = nn.LayerNorm(d_model)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.dropatt = dropatt
         self.pre_lnorm = pre_lnorm
         self.scale = 1.0 / math.sqrt(d_head)
@@ -62,16 +109,22 @@ class RelMultiHeadAttention(nn.Module):
         pos_emb: [M+L, d] embeddings of distances M+L-1 .. 0; mask: [L, M+L] additive (0 / -inf)."""
         B, L, _ = h.shape
         H, D = self.n_head, self.d_head
-        cat = torch.cat([mem, h], dim=1) if mem.size(1) else h
-        if self.pre_lnorm:
-            cat = self.layer_norm(cat)
+        # Queries come from h itself, not from a slice of the concatenation (which would be copied).
+        # Layer norm acts per position, so norming memory and segment apart equals norming the concatenation.
+        x = self.layer_norm(h) if self.pre_lnorm else h
+        if mem.size(1):
+            cat = torch.cat([self.layer_norm(mem) if self.pre_lnorm else mem, x], dim=1)
+        else:
+            cat = x
         K = cat.size(1)
-        q = self.q_net(cat[:, -L:]).view(B, L, H, D)
+        q = self.q_net(x).view(B, L, H, D)
         k, v = self.kv_net(cat).view(B, K, 2, H, D).permute(2, 0, 3, 1, 4)  # 2 × [B, H, K, D]
-        r = self.r_net(pos_emb).view(K, H, D).permute(1, 2, 0)  # [H, D, K]
-
-        pos_scores = torch.matmul((q + self.r_r_bias).transpose(1, 2), r)  # [B, H, L, K]
-        bias = torch.add(mask.to(pos_scores.dtype), rel_shift(pos_scores), alpha=self.scale)  # no-op cast outside autocast
+        # A zero embedding in front makes the product come out already padded for the shift (no
+        # F.pad copy); batching over heads with the B·L queries as rows shares r across the batch.
+        r = F.pad(self.r_net(pos_emb), (0, 0, 1, 0)).view(K + 1, H, D).permute(1, 2, 0)  # [H, D, K+1]
+        qv = (q + self.r_r_bias).view(B * L, H, D).transpose(0, 1)  # [H, B·L, D], a view
+        pos_scores = torch.bmm(qv, r).view(H, B, L, K + 1).transpose(0, 1)  # [B, H, L, K+1]
+        bias = PositionBias.apply(pos_scores, mask, self.scale)
         out = F.scaled_dot_product_attention(
             (q + self.r_w_bias).transpose(1, 2),
             k,

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xl.attention import RelMultiHeadAttention
+from xl.attention import Dropout, RelMultiHeadAttention
 
 
 @dataclass
@@ -110,9 +110,11 @@ def attention_mask(q_len: int, m_len: int, window: int | None, device: torch.dev
 class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool) -> None:
         super().__init__()
+        # Not ReLU(inplace=True): in place on the view that linear returns for 3-D input, autograd
+        # records CopySlices, whose backward costs four extra passes over the [B, L, d_inner] tensor.
         self.net = nn.Sequential(
-            nn.Linear(d_model, d_inner), nn.ReLU(inplace=True), nn.Dropout(dropout),
-            nn.Linear(d_inner, d_model), nn.Dropout(dropout),
+            nn.Linear(d_model, d_inner), nn.ReLU(), Dropout(dropout),
+            nn.Linear(d_inner, d_model), Dropout(dropout),
         )
         self.layer_norm = nn.LayerNorm(d_model)
         self.pre_lnorm = pre_lnorm
@@ -141,7 +143,7 @@ class TransformerXL(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.emb_scale = math.sqrt(config.d_model)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.layers = nn.ModuleList(XLLayer(config) for _ in range(config.n_layer))
         # Pre-LN leaves the residual stream un-normalised; normalise once before the head.
         self.final_norm = nn.LayerNorm(config.d_model) if config.pre_lnorm else nn.Identity()
