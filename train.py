@@ -9,16 +9,15 @@ from __future__ import annotations
 import errno
 import logging
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from xl.build import ConfigError, build_run
-from xl.callbacks import PreemptionCheckpoint
+from xl.callbacks import exit_if_preempted
 from xl.checkpoint import CheckpointError
-from xl.lit import NonFiniteError
 from xl.data import DataError
+from xl.lit import NonFiniteError
 
 log = logging.getLogger("train")
 
@@ -38,9 +37,10 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         except OSError as err:
             if err.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
+            run_dir = trainer.default_root_dir
             sys.exit(f"error: disk full while training ({err.strerror}); the last complete checkpoint in "
-                     f"{trainer.default_root_dir} is intact; free space and resume with ckpt_path={trainer.default_root_dir}")
-        stop_for_signal(trainer)
+                     f"{run_dir} is intact; free space and resume with ckpt_path={run_dir}")
+        exit_if_preempted(trainer)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if cfg.test:
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
@@ -49,15 +49,6 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             metrics.update({k: float(v) for k, v in results.items()})
     report(trainer, metrics)
     return metrics
-
-
-def stop_for_signal(trainer) -> None:
-    """After a preemption signal: say where the checkpoint is and how to resume, then exit."""
-    for callback in trainer.callbacks:
-        if isinstance(callback, PreemptionCheckpoint) and callback.signal_name:
-            run_dir = Path(trainer.default_root_dir)
-            sys.exit(f"stopped by {callback.signal_name} after step {trainer.global_step}; checkpoint "
-                     f"{callback.saved_path}; resume with the same overrides plus ckpt_path={run_dir}")
 
 
 def report(trainer, metrics: dict[str, float]) -> None:

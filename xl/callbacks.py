@@ -10,6 +10,7 @@ truncated one. A second Ctrl+C interrupts at once.
 from __future__ import annotations
 
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,12 @@ class PreemptionCheckpoint(L.Callback):
     @property
     def signal_name(self) -> str | None:
         return signal.Signals(self.received).name if self.received else None
+
+
+def exit_if_preempted(trainer: L.Trainer) -> None:
+    """After a fit that a signal stopped: say where the checkpoint is and how to resume, then exit."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, PreemptionCheckpoint) and callback.signal_name:
+            run_dir = trainer.default_root_dir
+            sys.exit(f"stopped by {callback.signal_name} after step {trainer.global_step}; checkpoint "
+                     f"{callback.saved_path}; resume with the same overrides plus ckpt_path={run_dir}")

@@ -98,6 +98,7 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
     from hydra import compose, initialize_config_dir
 
     from xl.build import build_run
+    from xl.callbacks import exit_if_preempted
 
     conf_dir = Path(__file__).resolve().parents[1] / "conf"
     results: dict[int, dict[int, float]] = {}
@@ -110,6 +111,7 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
             ])
         run = build_run(cfg)
         run.trainer.fit(run.module, datamodule=run.datamodule)
+        exit_if_preempted(run.trainer)
         rows = np.asarray(run.datamodule.val_dataloader().rows)
         counts = recall_accuracy(run.module.model, rows, cfg.data.tgt_len, mem_len)
         results[mem_len] = {d: hit / total for d, (hit, total) in sorted(counts.items())}
