@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from xl.sweep import RESULTS_FILE, write_summary
+
+log = logging.getLogger(__name__)
 
 
 def ensure_writable(folder: str, setting: str) -> None:
@@ -29,3 +34,33 @@ class CheckOutputDir(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         ensure_writable(config.hydra.sweep.dir, "hydra.sweep.dir")
+
+
+class FinishWandbRun(Callback):
+    """End the job's W&B run when the job ends.
+
+    Under ``-m`` the basic launcher runs every job in one process, and Lightning's ``WandbLogger``
+    reuses a W&B run still open in the process: without this, all jobs would log into the first one.
+    """
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        wandb = sys.modules.get("wandb")  # imported only if the job logged to W&B
+        if wandb is not None and wandb.run is not None:
+            wandb.finish()
+
+
+class SweepSummary(Callback):
+    """After ``-m``: the jobs' results as summary.csv/.md/.png in the sweep folder, and to W&B (see xl.sweep)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        wandb_cfg = None
+        if OmegaConf.select(config, "logger.wandb") is not None:
+            wandb_cfg = {k: OmegaConf.select(config, f"logger.wandb.{k}") for k in ("project", "offline", "tags")}
+        rows = write_summary(sweep_dir, wandb_cfg)
+        if not rows:
+            log.warning("sweep summary: no job folders under %s", sweep_dir)
+        elif not any("mem_len" in row for row in rows):
+            log.warning("sweep summary: no job wrote %s; add xl.sweep.JobSummary to the callbacks group", RESULTS_FILE)
+        else:
+            log.info("sweep summary: %s", sweep_dir / "summary.md")
