@@ -135,3 +135,33 @@ class RelMultiHeadAttention(nn.Module):
         )  # [B, H, L, D]
         out = self.drop(self.o_net(out.transpose(1, 2).reshape(B, L, H * D)))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
+
+    def step(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor) -> Tensor:
+        """One new position against cached projections (generation): the forward above with L = 1.
+
+        h: [B, 1, d] layer input; keys, values: [B, H, M+1, D] views of the cache whose last slot is free:
+        this writes h's key and value there (cached ones carry no position, so they stay valid as the
+        window slides); r: [H, D, M+1] projected embeddings of distances M .. 0. A single query may see
+        every key: no mask, no shift.
+        """
+        B = h.size(0)
+        H, D = self.n_head, self.d_head
+        x = self.layer_norm(h) if self.pre_lnorm else h
+        q = self.q_net(x).view(B, H, D)
+        k_new, v_new = self.kv_net(x).view(B, 2, H, D).unbind(1)
+        keys[:, :, -1] = k_new
+        values[:, :, -1] = v_new
+        # Heads as the batch of one bmm, r shared by every row (a broadcast matmul would copy r B times).
+        pos_scores = torch.bmm((q + self.r_r_bias).transpose(0, 1), r).transpose(0, 1)  # [B, H, M+1]
+        out = F.scaled_dot_product_attention((q + self.r_w_bias)[:, :, None], keys, values,
+                                             attn_mask=pos_scores[:, :, None] * self.scale, scale=self.scale)
+        out = self.o_net(out.reshape(B, 1, H * D))
+        return h + out if self.pre_lnorm else self.layer_norm(h + out)
+
+    def project_memory(self, mem: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values [B, H, M, D] of cached layer inputs, computed once when generation starts."""
+        B, M, _ = mem.shape
+        x = self.layer_norm(mem) if self.pre_lnorm else mem
+        k, v = self.kv_net(x).view(B, M, 2, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
+        return k, v
+
