@@ -12,6 +12,7 @@ from tests.conftest import CONF_DIR, compose_config, tiny_overrides
 from tests.test_sweep import run_hydra_main
 from xl.build import ConfigError, build_run
 from xl.checkpoint import CheckpointError
+from xl.evalspeed import main as evalspeed_main
 from xl.evaluate import eval_context, evaluate, vanilla_nll
 from xl.model import TransformerXL, XLConfig
 
@@ -142,3 +143,10 @@ def test_command_line_prints_the_table(trained, corpus, tmp_path, monkeypatch):
     lines = [line.split() for line in out.splitlines() if line.strip().startswith(("val ", "test "))]
     assert [row[0] for row in lines] == ["val", "test"]
     assert all(row[3] == f"{4 * 16 * 4:,}" for row in lines)  # 5 segments, 1 of them warm-up
+
+
+def test_speed_benchmark_reports_both_modes():
+    rows = evalspeed_main(["--attn-lens", "16", "32", "--tgt-len", "8", "--batch", "2", "--positions", "2",
+                           "--repeats", "1", "--threads", "1"])
+    assert [r["attn_len"] for r in rows] == [16, 32]
+    assert all(r["xl_us"] > 0 and r["vanilla_us"] > 0 and r["speedup"] == r["vanilla_us"] / r["xl_us"] for r in rows)

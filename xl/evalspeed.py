@@ -1,0 +1,89 @@
+"""Evaluation speed, Transformer-XL against the vanilla transformer: ``python -m xl.evalspeed``.
+
+The paper's comparison (Dai et al., 2019, section 4, Table 9): at the same attention length A,
+the vanilla model predicts each token with a fresh forward over the A tokens before it, while
+Transformer-XL predicts a whole segment at once against its cached memory. Both are timed here
+through the code ``python -m xl.evaluate`` runs (the model's forward with a memory, and
+:func:`xl.evaluate.vanilla_nll`), on config S with random weights (speed does not depend on them).
+
+Reading of "attention length": Transformer-XL runs with ``mem_len = A`` and ``same_length``, so that
+every scored token attends over exactly A keys, the same context as a vanilla window of A; the
+segment length (``--tgt-len``, default 128 as in the released enwik8-large evaluation script) is how
+many tokens one forward predicts. ``--tgt-len 1`` times one-token steps against the memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from xl.bench import CONFIG_S, cpu_model, median_rate
+from xl.evaluate import vanilla_nll
+from xl.model import TransformerXL, XLConfig
+
+
+def xl_seconds_per_token(model: TransformerXL, attn_len: int, tgt_len: int, batch: int, repeats: int) -> float:
+    """One segment of ``tgt_len`` tokens per stream against a full memory of ``attn_len``, loss included."""
+    cfg = model.config
+    mems = [torch.randn(batch, attn_len, cfg.d_model) for _ in range(cfg.n_layer)]
+    x, y = torch.randint(0, cfg.vocab_size, (2, batch, tgt_len))
+
+    def run() -> None:
+        model(x, mems, targets=y, return_logits=False, mem_len=attn_len, same_length=True)
+
+    return 1.0 / median_rate(run, batch * tgt_len, warmup=1, repeats=repeats)
+
+
+def vanilla_seconds_per_token(model: TransformerXL, attn_len: int, positions: int, batch: int, repeats: int) -> float:
+    """``positions`` predictions per stream, each a fresh forward over the ``attn_len`` tokens before it."""
+    cfg = model.config
+    context = torch.randint(0, cfg.vocab_size, (batch, attn_len - 1))
+    x, y = torch.randint(0, cfg.vocab_size, (2, batch, positions))
+
+    def run() -> None:
+        vanilla_nll(model, context, x, y, attn_len, cfg.clamp_len)
+
+    return 1.0 / median_rate(run, batch * positions, warmup=1, repeats=repeats)
+
+
+def measure(attn_lens: list[int], tgt_len: int, batch: int, positions: int, repeats: int) -> list[dict[str, float]]:
+    torch.manual_seed(0)
+    model = TransformerXL(XLConfig(**{**CONFIG_S, "mem_len": max(attn_lens)})).eval()  # eval: no dropout
+    rows = []
+    with torch.no_grad():
+        for attn_len in attn_lens:
+            xl = xl_seconds_per_token(model, attn_len, tgt_len, batch, repeats)
+            vanilla = vanilla_seconds_per_token(model, attn_len, positions, batch, repeats)
+            rows.append({"attn_len": attn_len, "xl_us": xl * 1e6, "vanilla_us": vanilla * 1e6, "speedup": vanilla / xl})
+    return rows
+
+
+def format_table(rows: list[dict[str, float]]) -> str:
+    lines = [f"{'attn_len':>8} {'XL µs/token':>12} {'vanilla µs/token':>17} {'speed-up':>9}"]
+    lines += [f"{r['attn_len']:>8} {r['xl_us']:>12,.1f} {r['vanilla_us']:>17,.1f} {r['speedup']:>8,.1f}×" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, float]]:
+    p = argparse.ArgumentParser(prog="python -m xl.evalspeed", description=__doc__.splitlines()[0])
+    p.add_argument("--attn-lens", type=int, nargs="+", default=[128, 256, 512, 1024])
+    p.add_argument("--tgt-len", type=int, default=128, help="Transformer-XL segment: tokens predicted per forward")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--positions", type=int, default=4, help="vanilla predictions (window forwards) per repeat")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats; the median is reported")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"machine: {cpu_model()} ({torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    print(f"config S (n_layer 4, n_head 4, d_model 256, d_head 64, d_inner 1024, vocab 256), random weights, "
+          f"batch {args.batch}; Transformer-XL: segment {args.tgt_len}, mem_len = attn_len, same_length; "
+          f"vanilla: one window forward per token; median of {args.repeats}\n")
+    rows = measure(args.attn_lens, args.tgt_len, args.batch, args.positions, args.repeats)
+    print(format_table(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
