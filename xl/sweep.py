@@ -24,7 +24,6 @@ from xl.lit import batch_tokens
 from xl.memory import cache_footprint
 
 RESULTS_FILE = "results.json"
-FILES = ("summary.csv", "summary.md", "summary.png")
 
 
 class JobSummary(L.Callback):
