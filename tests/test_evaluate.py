@@ -120,6 +120,13 @@ def test_context_comes_from_eval_settings_then_memory_then_checkpoint():
     assert eval_context(cfg, checkpoint)["mem_len"] == 128
 
 
+def test_default_segment_is_train_py_default():
+    """So that `python -m xl.evaluate ckpt=RUN` scores what train.py's test scored."""
+    train, ev = compose_config(), compose_eval("ckpt=x")
+    assert (ev.data.tgt_len, ev.data.eval_tgt_len) == (train.data.tgt_len, train.data.eval_tgt_len)
+    assert ev.data.batch_size == train.data.batch_size
+
+
 def test_errors_name_the_setting(trained, corpus, tmp_path):
     with pytest.raises(CheckpointError, match=r"^ckpt=.*nowhere does not exist"):
         evaluate(compose_eval(*eval_overrides(trained, corpus, f"ckpt={tmp_path / 'nowhere'}")))

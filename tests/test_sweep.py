@@ -132,9 +132,8 @@ def test_finish_wandb_run_closes_the_job_run(tmp_path):
     assert wandb.run is None
 
 
-@pytest.mark.slow
 def test_each_sweep_job_logs_to_its_own_wandb_run(tmp_path, corpus, monkeypatch):
-    """~15-25 s: two tiny jobs in one process with offline W&B, then the summary's run in the same folder."""
+    """Two tiny jobs in one process with offline W&B, then the summary's run in the same folder."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     sweep = tmp_path / "sweep"
     argv = [a for a in sweep_argv(tmp_path, corpus, "memory.mem_len=0,16") if a != "logger=none"]
