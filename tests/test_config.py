@@ -59,7 +59,7 @@ def test_precision_options(option, tmp_path):
 @pytest.mark.parametrize("option", options("trainer"))
 def test_trainer_options(option, tmp_path):
     cfg = compose_config(f"trainer={option}", f"paths.output_dir={tmp_path}")
-    if option == "gpu":
+    if option in ("gpu", "fsdp"):  # Lightning's FSDP is CUDA only (tests/test_launchers.py)
         with pytest.raises(ConfigError, match="trainer=cpu"):
             check_device(cfg)
         return
