@@ -66,7 +66,7 @@ def reference_attention(
                     for j in keys
                 ])
                 weights = torch.softmax(scores, 0)
-                out[b, i, head] = sum(w * v[b, j, head] for w, j in zip(weights, keys))
+                out[b, i, head] = sum(w * v[b, j, head] for w, j in zip(weights, keys, strict=True))
     out = attn.o_net(out.reshape(B, L, H * D))
     return h + out if attn.pre_lnorm else attn.layer_norm(h + out)
 

@@ -92,7 +92,8 @@ def test_unknown_key_and_unwritable_output_folder_from_the_command_line(tmp_path
 
 
 def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, corpus, monkeypatch):
-    cfg = compose_config(*tiny_overrides(tmp_path, corpus), "trainer.max_steps=4", "callbacks.model_checkpoint.monitor=null",
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), "trainer.max_steps=4",
+                         "callbacks.model_checkpoint.monitor=null",
                          "callbacks.model_checkpoint.every_n_train_steps=2")
     run = build_run(cfg)
     real_write = fsspec_local.LocalFileOpener.write

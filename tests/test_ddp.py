@@ -23,7 +23,7 @@ def ddp_train(tmp_path: Path, corpus, run: str, *extra: str) -> dict[int, list[d
     args = [*tiny_overrides(tmp_path / run, corpus), "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
             "test=false", "trainer.max_steps=8", "trainer.val_check_interval=4", "model.dropout=0.1",
             "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.every_n_train_steps=4",
-            "trainer.deterministic=true", f"+callbacks.probe._target_=tests.ddp_probe.RankProbe",
+            "trainer.deterministic=true", "+callbacks.probe._target_=tests.ddp_probe.RankProbe",
             f"+callbacks.probe.out_dir={probe_dir}", *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env,
@@ -47,10 +47,10 @@ def test_ddp_ranks_keep_their_own_memory_rows_and_resume(tmp_path, corpus):
         # Each rank reads its own rows, one segment after the other.
         assert [e["first_tokens"] for e in train[r]] == [rows[:, 16 * t].tolist() for t in range(8)]
     # The ranks' memories differ at every step: nothing broadcasts rank 0's memory over rank 1's.
-    assert all(a["memory_sum"] != b["memory_sum"] for a, b in zip(train[0], train[1]))
+    assert all(a["memory_sum"] != b["memory_sum"] for a, b in zip(train[0], train[1], strict=True))
     # Validation loss is the token-weighted mean over both ranks.
     for local0, local1, logged in zip(events(whole[0], "val_local")[1:], events(whole[1], "val_local")[1:],
-                                      events(whole[0], "val")):
+                                      events(whole[0], "val"), strict=True):
         expected = (local0["sum"] + local1["sum"]) / (local0["weight"] + local1["weight"])
         assert logged["loss"] == pytest.approx(expected, rel=1e-6)
 

@@ -76,7 +76,7 @@ def test_training_memory_persists_is_detached_and_resets_each_epoch(tiny_cfg, ac
             last_after = mems
     assert epochs_started == 4
     # Validation (sanity check included) never touches the training memory.
-    pairs = [(e, n) for e, n in zip(rec.events, rec.events[1:]) if e[0] == "val_start"]
+    pairs = [(e, n) for e, n in zip(rec.events, rec.events[1:], strict=False) if e[0] == "val_start"]
     assert pairs and all(n[0] == "val_end" and n[2] is e[2] for e, n in pairs)
 
 
@@ -134,4 +134,4 @@ def test_warmup_then_cosine():
     values = [warmup_cosine(s, 10, 110, 0.1) for s in range(111)]
     assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
     assert values[10] == pytest.approx(1.0) and values[110] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(values[10:], values[11:]))
+    assert all(a >= b for a, b in zip(values[10:], values[11:], strict=False))

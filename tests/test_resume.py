@@ -56,12 +56,13 @@ def test_resume_mid_epoch_is_exact(tmp_path, corpus):
     assert sorted(second_losses) == list(range(STOP_AT + 1, STEPS + 1))
     for step in second_losses:
         assert second_losses[step] == whole_losses[step], f"step {step} differs after resume"
-    for (name, a), b in zip(whole.module.state_dict().items(), second.module.state_dict().values()):
+    for (name, a), b in zip(whole.module.state_dict().items(), second.module.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
 
 
 def test_resume_with_another_memory_length_is_refused(tmp_path, corpus):
-    fit(resume_cfg(tmp_path, corpus, "first", "trainer.max_steps=3", "callbacks.model_checkpoint.every_n_train_steps=3"))
+    fit(resume_cfg(tmp_path, corpus, "first", "trainer.max_steps=3",
+                   "callbacks.model_checkpoint.every_n_train_steps=3"))
     ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
     cfg = resume_cfg(tmp_path, corpus, "second", f"ckpt_path={ckpt}", "memory.mem_len=8")
     with pytest.raises(CheckpointError, match=r"mem_len=16 \(this run: 8\)"):

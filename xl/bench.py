@@ -10,12 +10,11 @@ CPU is noisy (±10% run to run).
 from __future__ import annotations
 
 import argparse
-import math
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import fields
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -154,7 +153,10 @@ def attention_ratios(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup
     mem = torch.randn(batch, M, d)
     pos_emb, mask = model._context(L, M, cfg.clamp_len, M if cfg.same_length else None)
     hidden = mask.isinf()
-    paths = {"sdpa": lambda: attn(h, mem, pos_emb, mask), "explicit": lambda: explicit_attention(attn, h, mem, pos_emb, hidden)}
+    paths = {
+        "sdpa": lambda: attn(h, mem, pos_emb, mask),
+        "explicit": lambda: explicit_attention(attn, h, mem, pos_emb, hidden),
+    }
 
     with torch.no_grad():
         diff = (paths["sdpa"]() - paths["explicit"]()).abs().max().item()
@@ -214,7 +216,10 @@ def build_config(overrides: list[str]) -> XLConfig:
         if name not in types:
             raise SystemExit(f"unknown XLConfig field {name!r}; valid: {sorted(types)}")
         kind = types[name] if isinstance(types[name], str) else types[name].__name__
-        values[name] = raw.lower() in ("1", "true", "yes") if kind == "bool" else float(raw) if kind == "float" else int(raw)
+        if kind == "bool":
+            values[name] = raw.lower() in ("1", "true", "yes")
+        else:
+            values[name] = float(raw) if kind == "float" else int(raw)
     return XLConfig(**values)
 
 

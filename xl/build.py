@@ -15,16 +15,15 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
-from hydra.types import RunMode
 from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.checkpoint import CheckpointError, check_compatible, read_checkpoint, resolve_ckpt_path
 from xl.data import DataError
 from xl.lit import XLLitModule
-
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,9 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # torch raises many types for truncated/garbage files
         reason = str(err).splitlines()[0][:200]
-        raise CheckpointError(f"ckpt_path={path} cannot be read (truncated, corrupt or not a checkpoint): {reason}")
+        raise CheckpointError(
+            f"ckpt_path={path} cannot be read (truncated, corrupt or not a checkpoint): {reason}"
+        ) from err
 
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], resuming: bool, path: Path) -> None:

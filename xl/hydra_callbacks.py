@@ -23,7 +23,8 @@ def ensure_writable(folder: str, setting: str) -> None:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as err:
-        sys.exit(f"error: cannot write to the output folder {folder} ({err.strerror}); set {setting} to a writable folder")
+        sys.exit(f"error: cannot write to the output folder {folder} ({err.strerror}); "
+                 f"set {setting} to a writable folder")
 
 
 class CheckOutputDir(Callback):

@@ -82,7 +82,7 @@ def update_memory(mems: list[Tensor], layer_inputs: list[Tensor], mem_len: int) 
     """New memory = last ``mem_len`` positions of ``old ∘ current`` per layer, cut from the graph."""
     with torch.no_grad():
         return [torch.cat([m, h], dim=1)[:, -mem_len:].detach() if mem_len else h[:, :0].detach()
-                for m, h in zip(mems, layer_inputs)]
+                for m, h in zip(mems, layer_inputs, strict=True)]
 
 
 def sinusoid(positions: Tensor, d_model: int) -> Tensor:
@@ -221,7 +221,7 @@ class TransformerXL(nn.Module):
 
         h = self.drop(self.embed(input_ids) * self.emb_scale)
         layer_inputs = []
-        for layer, mem in zip(self.layers, mems):
+        for layer, mem in zip(self.layers, mems, strict=True):
             layer_inputs.append(h)
             h = layer(h, mem, pos_emb, mask)
         new_mems = update_memory(mems, layer_inputs, mem_len)
