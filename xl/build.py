@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.checkpoint import CheckpointError, check_compatible, read_checkpoint, resolve_ckpt_path
+from xl.checkpoint import CheckpointError, check_compatible, open_checkpoint
 from xl.data import DataError
 from xl.lit import XLLitModule
 
@@ -156,11 +156,8 @@ def check_checkpoint(cfg: DictConfig, module: XLLitModule) -> str | None:
     """Resolve ``ckpt_path`` (a file or a run folder) and refuse one that cannot serve this run."""
     if not cfg.get("ckpt_path"):
         return None
-    path = resolve_ckpt_path(cfg.ckpt_path)
-    checkpoint = read_checkpoint(path)
-    state = checkpoint.get("xl")
-    if not isinstance(state, dict) or "model_config" not in state:
-        raise CheckpointError(f"ckpt_path={path} is not a checkpoint written by this project's train.py")
+    path, checkpoint = open_checkpoint(cfg.ckpt_path)
+    state = checkpoint["xl"]
     check_compatible(state["model_config"], module.config.to_dict(), resuming=bool(cfg.train), path=path)
     memory = state.get("train_memory")
     if cfg.train and memory is not None and memory.size(2) != cfg.data.batch_size:

@@ -23,28 +23,38 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used as asked; the message names the setting to change."""
 
 
-def resolve_ckpt_path(path: str | Path) -> Path:
+def resolve_ckpt_path(path: str | Path, setting: str = "ckpt_path") -> Path:
     """A checkpoint file, or a run folder whose ``checkpoints/last.ckpt`` is meant."""
     p = Path(path).expanduser()
     if p.is_dir():
         for candidate in (p / "checkpoints" / "last.ckpt", p / "last.ckpt"):
             if candidate.is_file():
                 return candidate
-        raise CheckpointError(f"ckpt_path={path} is a folder without checkpoints/last.ckpt; give the .ckpt file")
+        raise CheckpointError(f"{setting}={path} is a folder without checkpoints/last.ckpt; give the .ckpt file")
     if not p.is_file():
-        raise CheckpointError(f"ckpt_path={path} does not exist; give a .ckpt file or a run folder")
+        raise CheckpointError(f"{setting}={path} does not exist; give a .ckpt file or a run folder")
     return p
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
+def read_checkpoint(path: Path, setting: str = "ckpt_path") -> dict[str, Any]:
     """Load on CPU without executing pickled code; a damaged file is one clear error."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # torch raises many types for truncated/garbage files
         reason = str(err).splitlines()[0][:200]
         raise CheckpointError(
-            f"ckpt_path={path} cannot be read (truncated, corrupt or not a checkpoint): {reason}"
+            f"{setting}={path} cannot be read (truncated, corrupt or not a checkpoint): {reason}"
         ) from err
+
+
+def open_checkpoint(path: str | Path, setting: str = "ckpt_path") -> tuple[Path, dict[str, Any]]:
+    """Resolve (a file or a run folder), read safely, and check that train.py wrote it: (path, contents)."""
+    resolved = resolve_ckpt_path(path, setting)
+    checkpoint = read_checkpoint(resolved, setting)
+    state = checkpoint.get("xl")
+    if not isinstance(state, dict) or "model_config" not in state:
+        raise CheckpointError(f"{setting}={resolved} is not a checkpoint written by this project's train.py")
+    return resolved, checkpoint
 
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], resuming: bool, path: Path) -> None:

@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from xl.build import ConfigError, build_datamodule, build_trainer, check_device
-from xl.checkpoint import CheckpointError, read_checkpoint, resolve_ckpt_path
+from xl.checkpoint import CheckpointError, open_checkpoint
 from xl.data import DataError
 from xl.lit import XLLitModule
 from xl.model import TransformerXL
@@ -123,13 +123,7 @@ class Evaluator(XLLitModule):
 
 def load(cfg: DictConfig) -> tuple[dict[str, Any], str]:
     """The checkpoint named by ``ckpt`` (a file or a run folder), checked to come from this project."""
-    try:
-        path = resolve_ckpt_path(cfg.ckpt)
-        checkpoint = read_checkpoint(path)
-    except CheckpointError as err:  # xl.checkpoint names train.py's setting
-        raise CheckpointError(str(err).replace("ckpt_path=", "ckpt=", 1)) from None
-    if not isinstance(checkpoint.get("xl"), dict) or "model_config" not in checkpoint["xl"]:
-        raise CheckpointError(f"ckpt={path} is not a checkpoint written by this project's train.py")
+    path, checkpoint = open_checkpoint(cfg.ckpt, setting="ckpt")
     return checkpoint, str(path)
 
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from xl.build import ConfigError, build_datamodule
-from xl.checkpoint import CheckpointError, read_checkpoint, resolve_ckpt_path
+from xl.checkpoint import CheckpointError, open_checkpoint
 from xl.data import DataError
 from xl.model import TransformerXL, XLConfig, check_context, sinusoid
 
@@ -128,12 +128,8 @@ def generate(model: TransformerXL, prompt: Tensor, max_new_tokens: int, window: 
 
 def load_model(ckpt: str) -> TransformerXL:
     """The model of a checkpoint written by train.py (a file or a run folder)."""
-    path = resolve_ckpt_path(ckpt)
-    checkpoint = read_checkpoint(path)
-    state = checkpoint.get("xl")
-    if not isinstance(state, dict) or "model_config" not in state:
-        raise CheckpointError(f"ckpt={path} is not a checkpoint written by this project's train.py")
-    model = TransformerXL(XLConfig.from_dict(state["model_config"]))
+    _, checkpoint = open_checkpoint(ckpt, setting="ckpt")
+    model = TransformerXL(XLConfig.from_dict(checkpoint["xl"]["model_config"]))
     prefix = "model."
     model.load_state_dict({k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)})
     return model.eval()
