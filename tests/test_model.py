@@ -253,3 +253,15 @@ def test_init_mems_and_param_count():
     model = make_model()
     assert [m.shape for m in model.init_mems(3)] == [(3, 0, 16)] * 2
     assert count_parameters(model.config) == sum(p.numel() for p in model.parameters())
+
+
+def test_position_tables_are_reused_and_bounded():
+    from xl.model import CONTEXT_CACHE_SIZE
+
+    model = make_model(mem_len=4)
+    first = model._context(4, 4, -1, None)
+    assert model._context(4, 4, -1, None) is first  # built once per shape, not per step
+    with torch.no_grad():
+        for length in range(1, 3 * CONTEXT_CACHE_SIZE):  # a growing window, as the vanilla baseline reads
+            model(torch.zeros(1, length, dtype=torch.long), mem_len=0)
+    assert len(model._context_cache) == CONTEXT_CACHE_SIZE

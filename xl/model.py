@@ -8,6 +8,7 @@ n = 1). The memory update lives in one function, :func:`update_memory`.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -16,6 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xl.attention import Dropout, RelMultiHeadAttention
+
+CONTEXT_CACHE_SIZE = 16  # position tables and masks kept per model, least recently used dropped first
 
 
 @dataclass
@@ -152,7 +155,9 @@ class TransformerXL(nn.Module):
         if config.tie_weights:
             self.head.weight = self.embed.weight
         # Position tables and masks depend only on lengths: built once per shape, not per step.
-        self._context_cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+        # Bounded: training and segment evaluation use a handful of shapes while the memory fills, but a
+        # caller that varies the length every call (the vanilla baseline's growing window) must not keep them all.
+        self._context_cache: OrderedDict[tuple, tuple[Tensor, Tensor]] = OrderedDict()
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -173,13 +178,18 @@ class TransformerXL(nn.Module):
         """Relative position embeddings [M+L, d] (distances M+L-1 … 0) and the additive mask."""
         device, dtype = self.embed.weight.device, self.embed.weight.dtype
         key = (q_len, m_len, clamp_len, window, device, dtype)
-        if key not in self._context_cache:
-            distances = torch.arange(m_len + q_len - 1, -1, -1, device=device)
-            if clamp_len > 0:
-                distances = distances.clamp(max=clamp_len)
-            self._context_cache[key] = (sinusoid(distances, self.config.d_model).to(dtype),
-                                        attention_mask(q_len, m_len, window, device).to(dtype))
-        return self._context_cache[key]
+        if key in self._context_cache:
+            self._context_cache.move_to_end(key)
+            return self._context_cache[key]
+        distances = torch.arange(m_len + q_len - 1, -1, -1, device=device)
+        if clamp_len > 0:
+            distances = distances.clamp(max=clamp_len)
+        value = (sinusoid(distances, self.config.d_model).to(dtype),
+                 attention_mask(q_len, m_len, window, device).to(dtype))
+        self._context_cache[key] = value
+        if len(self._context_cache) > CONTEXT_CACHE_SIZE:
+            self._context_cache.popitem(last=False)  # least recently used
+        return value
 
     def forward(
         self,
