@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from xl.generate import IncrementalDecoder, generate, sample
+from xl.checkpoint import CheckpointError
+from xl.generate import IncrementalDecoder, generate, load_model, sample
 from xl.model import TransformerXL, XLConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,3 +83,6 @@ def test_generate_command_on_a_checkpoint(tmp_path, corpus):
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("def main(") and len(result.stdout.rstrip("\n")) >= len("def main(") + 1
+    # A tokenizer other than the training one is refused before anything is printed.
+    with pytest.raises(CheckpointError, match="vocabulary of 256 but this data gives 300"):
+        load_model(str(ckpt), 300)

@@ -69,6 +69,15 @@ def check_compatible(saved: dict[str, Any], current: dict[str, Any], resuming: b
         )
 
 
+def check_vocabulary(saved_vocab: int, data_vocab: int, path: Path | str, setting: str = "ckpt") -> None:
+    """A model read with another tokenizer than it was trained with would score or print nonsense."""
+    if saved_vocab != data_vocab:
+        raise CheckpointError(
+            f"{setting}={path} has a vocabulary of {saved_vocab} but this data gives {data_vocab}; "
+            "set data (and data.tokenizer) to what the model was trained on"
+        )
+
+
 def rng_state() -> dict[str, Any]:
     """Every generator that dropout or data code may draw from, in weights_only-loadable types."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()

@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from xl.build import ConfigError, build_datamodule, build_trainer, check_device
-from xl.checkpoint import CheckpointError, open_checkpoint
+from xl.checkpoint import CheckpointError, check_vocabulary, open_checkpoint
 from xl.data import DataError
 from xl.lit import XLLitModule
 from xl.model import TransformerXL
@@ -140,11 +140,7 @@ def eval_context(cfg: DictConfig, checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 def build_evaluator(cfg: DictConfig, checkpoint: dict[str, Any], path: str, datamodule: Any) -> Evaluator:
     model = checkpoint["xl"]["model_config"]
-    if model["vocab_size"] != datamodule.vocab_size:
-        raise CheckpointError(
-            f"ckpt={path} has a vocabulary of {model['vocab_size']} but this data gives {datamodule.vocab_size}; "
-            "set data (and data.tokenizer) to what the model was trained on"
-        )
+    check_vocabulary(model["vocab_size"], datamodule.vocab_size, path)
     if cfg.warmup < 0:
         raise ConfigError(f"warmup must be >= 0 segments, got {cfg.warmup}")
     context = eval_context(cfg, checkpoint)
