@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -56,3 +60,16 @@ def tiny_overrides(tmp_path: Path, corpus: dict[str, Path]) -> list[str]:
 @pytest.fixture
 def tiny_cfg(tmp_path, corpus) -> DictConfig:
     return compose_config(*tiny_overrides(tmp_path, corpus))
+
+
+def run_hydra_main(main, argv: list[str], monkeypatch) -> None:
+    """A @hydra.main entry point as the command line runs it, in this process; Hydra's globals restored after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    monkeypatch.setattr(sys, "argv", argv)
+    try:
+        main()
+    finally:
+        HydraConfig.instance().cfg = None
+        GlobalHydra.instance().clear()
+        root.handlers[:], root.level = handlers, level

@@ -8,8 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import xl.evaluate
-from tests.conftest import CONF_DIR, compose_config, tiny_overrides
-from tests.test_sweep import run_hydra_main
+from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
 from xl.build import ConfigError, build_run
 from xl.checkpoint import CheckpointError
 from xl.evalspeed import main as evalspeed_main

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 import runpy
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from tests.conftest import CONF_DIR, compose_config, tiny_overrides
+from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
 from xl.build import build_run
 from xl.hydra_callbacks import FinishWandbRun
 from xl.memory import cache_footprint
@@ -31,19 +27,6 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def run_train(argv: list[str], monkeypatch) -> None:
     """train.py as the command line runs it (as __main__, so Hydra finds conf/ next to it), in this process."""
     run_hydra_main(lambda: runpy.run_path(str(ROOT / "train.py"), run_name="__main__"), argv, monkeypatch)
-
-
-def run_hydra_main(main, argv: list[str], monkeypatch) -> None:
-    """A @hydra.main entry point as the command line runs it, in this process; Hydra's globals restored after."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    monkeypatch.setattr(sys, "argv", argv)
-    try:
-        main()
-    finally:
-        HydraConfig.instance().cfg = None
-        GlobalHydra.instance().clear()
-        root.handlers[:], root.level = handlers, level
 
 
 def test_job_summary_records_metrics_speed_and_cost(tmp_path, corpus):
