@@ -215,6 +215,25 @@ def test_bf16_autocast_close_to_fp32():
     assert (low.float().softmax(-1) - ref.softmax(-1)).abs().max() < 0.02
 
 
+@pytest.mark.parametrize("mem_dtype", ["bfloat16", "float16"])
+def test_low_precision_cache_halves_memory_and_rounds_only_the_cache(mem_dtype):
+    full = make_model(torch.float32, mem_len=8)
+    low = make_model(torch.float32, mem_len=8, mem_dtype=mem_dtype)
+    tokens = torch.randint(0, 32, (2, 24), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref, ref_mems = run_segments(full, tokens, 8)
+        got, mems = run_segments(low, tokens, 8)
+        # The states are computed in float32 and only then rounded for the cache.
+        first_full, first_low = full(tokens[:, :8]).mems, low(tokens[:, :8]).mems
+    dtype = getattr(torch, mem_dtype)
+    for a, b in zip(first_full, first_low, strict=True):
+        assert torch.equal(a.to(dtype), b)
+    assert all(m.dtype == dtype for m in mems) and got.dtype == torch.float32
+    assert memory_bytes(mems) == memory_bytes(ref_mems) // 2 == cache_footprint(8, 16, 2, 2, dtype).bytes
+    torch.testing.assert_close(got[:, :8], ref[:, :8], rtol=0, atol=0)
+    assert 0 < (got - ref).abs().max() < 0.02 * ref.abs().max()
+
+
 def test_loss_is_token_mean_cross_entropy():
     model = make_model(mem_len=4)
     tokens = torch.randint(0, 32, (2, 9))

@@ -112,6 +112,7 @@ class RelMultiHeadAttention(nn.Module):
         # Queries come from h itself, not from a slice of the concatenation (which would be copied).
         # Layer norm acts per position, so norming memory and segment apart equals norming the concatenation.
         x = self.layer_norm(h) if self.pre_lnorm else h
+        mem = mem.to(h.dtype)  # a cache stored in lower precision computes in the layer's
         if mem.size(1):
             cat = torch.cat([self.layer_norm(mem) if self.pre_lnorm else mem, x], dim=1)
         else:
@@ -161,6 +162,7 @@ class RelMultiHeadAttention(nn.Module):
     def project_memory(self, mem: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values [B, H, M, D] of cached layer inputs, computed once when generation starts."""
         B, M, _ = mem.shape
+        mem = mem.to(self.kv_net.weight.dtype)
         x = self.layer_norm(mem) if self.pre_lnorm else mem
         k, v = self.kv_net(x).view(B, M, 2, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
         return k, v

@@ -69,6 +69,7 @@ def model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
         "mem_len": cfg.memory.mem_len,
         "clamp_len": cfg.memory.clamp_len,
         "same_length": cfg.memory.same_length,
+        "mem_dtype": cfg.memory.mem_dtype,
     }
 
 

@@ -9,14 +9,19 @@ Checkpoints are read with ``weights_only=True``: no pickled code is ever execute
 from __future__ import annotations
 
 import random
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from xl.model import XLConfig
+
+DEFAULTS = {f.name: f.default for f in fields(XLConfig)}
 # Fields that fix the shape of the weights: a checkpoint with other values cannot be loaded.
-SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner", "pre_lnorm", "tie_weights")
+SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner", "pre_lnorm", "tie_weights",
+                "cutoffs", "div_val", "tie_projs")
 
 
 class CheckpointError(ValueError):
@@ -59,8 +64,9 @@ def open_checkpoint(path: str | Path, setting: str = "ckpt_path") -> tuple[Path,
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], resuming: bool, path: Path) -> None:
     """Refuse a checkpoint whose weights do not fit the configured model, naming every mismatch."""
-    fields = SHAPE_FIELDS + (("mem_len",) if resuming else ())
-    diff = [f"{f}={saved.get(f)} (this run: {current.get(f)})" for f in fields if saved.get(f) != current.get(f)]
+    checked = SHAPE_FIELDS + (("mem_len",) if resuming else ())
+    saved = {**DEFAULTS, **saved}  # fields added later read as their defaults in older checkpoints
+    diff = [f"{f}={saved.get(f)} (this run: {current.get(f)})" for f in checked if saved.get(f) != current.get(f)]
     if diff:
         what = "resumed" if resuming else "loaded"
         raise CheckpointError(

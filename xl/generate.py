@@ -35,7 +35,7 @@ class IncrementalDecoder:
         if window < 1:
             raise ValueError("generation needs a memory: set mem_len >= 1")
         self.model, self.window = model.eval(), window
-        cfg, p = model.config, model.embed.weight
+        cfg, p = model.config, model.anchor
         distances = torch.arange(window, -1, -1, device=p.device)  # window .. 0: the longest key row
         if clamp_len > 0:
             distances = distances.clamp(max=clamp_len)

@@ -16,9 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xl.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.attention import Dropout, RelMultiHeadAttention
 
 CONTEXT_CACHE_SIZE = 16  # position tables and masks kept per model, least recently used dropped first
+MEM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -37,7 +39,16 @@ class XLConfig:
     clamp_len: int = -1  # -1: no clamping; else distances beyond clamp_len share one embedding
     same_length: bool = False  # every query attends over exactly mem_len keys (itself included)
     pre_lnorm: bool = False
-    tie_weights: bool = True
+    tie_weights: bool = True  # output word vectors = input embedding
+    # Adaptive input and softmax (word-level vocabularies): cluster boundaries in the frequency-sorted
+    # vocabulary; () is one plain softmax. Cluster i is d_model // div_val**i wide.
+    cutoffs: tuple[int, ...] = ()
+    div_val: int = 1
+    tie_projs: bool = True  # with tie_weights, the softmax also shares the embedding's projections
+    # Storage precision of the memory cache. "float32" never rounds: the cache keeps the layer states' own
+    # dtype, float32 under 32-true and the mixed precisions (the seed's advice: low-precision caches drift).
+    # "bfloat16"/"float16" round the cached states, halving the cache. (bf16-true computes bf16 states.)
+    mem_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner"):
@@ -51,6 +62,27 @@ class XLConfig:
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"XLConfig.{name} must be in [0, 1), got {value!r}")
         check_context(self.mem_len, self.clamp_len, self.same_length)
+        self.cutoffs = tuple(self.cutoffs)
+        if any(not isinstance(c, int) or isinstance(c, bool) for c in self.cutoffs) or list(self.cutoffs) != sorted(
+            set(self.cutoffs)
+        ) or (self.cutoffs and not 0 < self.cutoffs[0] <= self.cutoffs[-1] < self.vocab_size):
+            raise ValueError(
+                f"XLConfig.cutoffs must be strictly increasing integers between 0 and vocab_size "
+                f"({self.vocab_size}), exclusive, got {list(self.cutoffs)}"
+            )
+        if not isinstance(self.div_val, int) or isinstance(self.div_val, bool) or self.div_val < 1:
+            raise ValueError(f"XLConfig.div_val must be a positive integer, got {self.div_val!r}")
+        if self.d_model // self.div_val ** len(self.cutoffs) < 1:
+            raise ValueError(
+                f"XLConfig.div_val={self.div_val} leaves the last of {len(self.cutoffs) + 1} clusters with width 0 "
+                f"(d_model {self.d_model}); lower div_val or use fewer cutoffs"
+            )
+        if self.mem_dtype not in MEM_DTYPES:
+            raise ValueError(f"XLConfig.mem_dtype must be one of {sorted(MEM_DTYPES)}, got {self.mem_dtype!r}")
+
+    def memory_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
+        """The dtype the cache is stored in when the layer states are ``compute_dtype``."""
+        return compute_dtype if self.mem_dtype == "float32" else MEM_DTYPES[self.mem_dtype]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,10 +113,16 @@ class XLOutput:
     loss: Tensor | None = None  # token mean over targets != ignore_index
 
 
-def update_memory(mems: list[Tensor], layer_inputs: list[Tensor], mem_len: int) -> list[Tensor]:
-    """New memory = last ``mem_len`` positions of ``old ∘ current`` per layer, cut from the graph."""
+def update_memory(
+    mems: list[Tensor], layer_inputs: list[Tensor], mem_len: int, dtype: torch.dtype | None = None
+) -> list[Tensor]:
+    """New memory = last ``mem_len`` positions of ``old ∘ current`` per layer, cut from the graph.
+
+    ``dtype``: the storage dtype (default: that of the old memory).
+    """
     with torch.no_grad():
-        return [torch.cat([m, h], dim=1)[:, -mem_len:].detach() if mem_len else h[:, :0].detach()
+        return [torch.cat([m, h.to(dtype or m.dtype)], dim=1)[:, -mem_len:].detach() if mem_len
+                else m.new_empty(m.size(0), 0, m.size(2), dtype=dtype or m.dtype)
                 for m, h in zip(mems, layer_inputs, strict=True)]
 
 
@@ -144,15 +182,24 @@ class TransformerXL(nn.Module):
     def __init__(self, config: XLConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        if config.cutoffs:
+            self.embed: nn.Module = AdaptiveEmbedding(config.vocab_size, config.d_model, config.cutoffs, config.div_val)
+        else:
+            self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.emb_scale = math.sqrt(config.d_model)
         self.drop = Dropout(config.dropout)
         self.layers = nn.ModuleList(XLLayer(config) for _ in range(config.n_layer))
         # Pre-LN leaves the residual stream un-normalised; normalise once before the head.
         self.final_norm = nn.LayerNorm(config.d_model) if config.pre_lnorm else nn.Identity()
-        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.cutoffs:
+            # Its forward gives log-probabilities, which serve as logits (softmax of log p is p).
+            self.head: nn.Module = AdaptiveLogSoftmax(config.vocab_size, config.d_model, config.cutoffs, config.div_val)
+        else:
+            self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.apply(self._init_weights)
-        if config.tie_weights:
+        if config.tie_weights and config.cutoffs:
+            self.head.tie_to(self.embed, projections=config.tie_projs)
+        elif config.tie_weights:
             self.head.weight = self.embed.weight
         # Position tables and masks depend only on lengths: built once per shape, not per step.
         # Bounded: training and segment evaluation use a handful of shapes while the memory fills, but a
@@ -170,13 +217,19 @@ class TransformerXL(nn.Module):
             nn.init.normal_(module.r_r_bias, 0.0, 0.02)
 
     def init_mems(self, batch_size: int) -> list[Tensor]:
-        """Empty memory: n_layer tensors [B, 0, d_model]."""
-        p = self.embed.weight
-        return [p.new_zeros(batch_size, 0, self.config.d_model) for _ in range(self.config.n_layer)]
+        """Empty memory: n_layer tensors [B, 0, d_model] in the cache's storage dtype."""
+        p = self.anchor
+        dtype = self.config.memory_dtype(p.dtype)
+        return [p.new_zeros(batch_size, 0, self.config.d_model, dtype=dtype) for _ in range(self.config.n_layer)]
+
+    @property
+    def anchor(self) -> Tensor:
+        """A parameter whose device and dtype are the model's."""
+        return self.layers[0].attn.r_w_bias
 
     def _context(self, q_len: int, m_len: int, clamp_len: int, window: int | None) -> tuple[Tensor, Tensor]:
         """Relative position embeddings [M+L, d] (distances M+L-1 … 0) and the additive mask."""
-        device, dtype = self.embed.weight.device, self.embed.weight.dtype
+        device, dtype = self.anchor.device, self.anchor.dtype
         key = (q_len, m_len, clamp_len, window, device, dtype)
         if key in self._context_cache:
             self._context_cache.move_to_end(key)
@@ -234,13 +287,18 @@ class TransformerXL(nn.Module):
         for layer, mem in zip(self.layers, mems, strict=True):
             layer_inputs.append(h)
             h = layer(h, mem, pos_emb, mask)
-        new_mems = update_memory(mems, layer_inputs, mem_len)
-        logits = self.head(self.drop(self.final_norm(h)))
+        new_mems = update_memory(mems, layer_inputs, mem_len, cfg.memory_dtype(layer_inputs[0].dtype))
+        hidden = self.drop(self.final_norm(h))
+        if cfg.cutoffs:
+            # Adaptive softmax: the loss never materialises [B, L, vocab]; the logits only when asked for.
+            loss = None if targets is None else self.head.nll(hidden, targets, ignore_index)
+            logits = self.head(hidden) if return_logits else None
+            return XLOutput(logits=logits, mems=new_mems, loss=loss)
+        logits = self.head(hidden)
         loss = None
         if targets is not None:
             # bf16/fp16 logits are upcast for the loss; fp32/fp64 stay as they are.
-            wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
-            loss = F.cross_entropy(wide.flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
+            loss = F.cross_entropy(widen(logits).flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
         return XLOutput(logits=logits if return_logits else None, mems=new_mems, loss=loss)
 
 

@@ -1,0 +1,127 @@
+"""Adaptive input embedding and adaptive softmax with projections, for word-level vocabularies.
+
+The vocabulary, sorted by frequency, is cut into clusters at ``cutoffs`` (WikiText-103 in the
+Transformer-XL paper: 20000/40000/200000 of 267,735 words). Cluster i has width
+``d_model // div_val**i`` (Baevski & Auli, 2019, adaptive input; Grave et al., 2017, adaptive
+softmax) and a projection to ``d_model`` where the width differs. The softmax's head scores the
+first cluster's words plus one entry per tail cluster; a word of tail cluster i has
+``log p = log p_head(cluster i) + log p_i(word)``, so probabilities are exact and sum to one.
+
+``torch.nn.AdaptiveLogSoftmaxWithLoss`` has no output biases per word and cannot share its
+weights with an adaptive input (its head mixes words and clusters in one matrix and its tail
+projections are transposed), which the paper's tied WT103 models need: hence these two modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+def cluster_bounds(vocab_size: int, cutoffs: Sequence[int]) -> list[int]:
+    """``[0, *cutoffs, vocab_size]``: cluster i holds ids ``bounds[i] <= id < bounds[i+1]``."""
+    return [0, *cutoffs, vocab_size]
+
+
+def cluster_widths(d_model: int, n_clusters: int, div_val: int) -> list[int]:
+    return [d_model // div_val**i for i in range(n_clusters)]
+
+
+def widen(x: Tensor) -> Tensor:
+    """Low-precision scores upcast to float32 for the softmax; float32/float64 stay as they are."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+class AdaptiveEmbedding(nn.Module):
+    """Token embedding whose width shrinks by ``div_val`` per frequency cluster, projected to ``d_model``."""
+
+    def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int], div_val: int) -> None:
+        super().__init__()
+        self.bounds = cluster_bounds(vocab_size, cutoffs)
+        widths = cluster_widths(d_model, len(self.bounds) - 1, div_val)
+        self.tables = nn.ModuleList(
+            nn.Embedding(hi - lo, w) for lo, hi, w in zip(self.bounds, self.bounds[1:], widths, strict=False)
+        )
+        self.projs = nn.ModuleList(nn.Linear(w, d_model, bias=False) if w != d_model else nn.Identity() for w in widths)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        # Every cluster is looked up for every token (ids clamped into range) and masked, rather than
+        # gathering each cluster's tokens: no data-dependent shapes, so no host-device sync. The extra
+        # work is one small projection per cluster, far below one transformer layer.
+        out = None
+        for lo, hi, table, proj in zip(self.bounds, self.bounds[1:], self.tables, self.projs, strict=False):
+            part = proj(table((ids - lo).clamp(0, hi - lo - 1)))
+            part = part.masked_fill(((ids < lo) | (ids >= hi))[..., None], 0.0)
+            out = part if out is None else out + part
+        return out
+
+
+class AdaptiveLogSoftmax(nn.Module):
+    """Exact log-probabilities over a clustered vocabulary; the loss touches only each target's cluster.
+
+    ``forward(hidden)`` gives the full ``[..., vocab]`` log-probabilities (generation, scoring a few
+    positions). ``nll(hidden, targets)`` is what training uses: it builds the head's scores for every
+    position (``N × (cutoffs[0] + n_tail_clusters)``) and, per tail cluster, scores only for the positions
+    whose target lies in it, so ``N × vocab`` is never materialised.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int], div_val: int) -> None:
+        super().__init__()
+        self.bounds = cluster_bounds(vocab_size, cutoffs)
+        n_clusters = len(self.bounds) - 1
+        widths = cluster_widths(d_model, n_clusters, div_val)
+        # Projection i is stored as the input side's nn.Linear(width, d_model) so that it can be tied to
+        # the adaptive embedding's; the output side applies its transpose.
+        self.projs = nn.ModuleList(nn.Linear(w, d_model, bias=False) if w != d_model else nn.Identity() for w in widths)
+        self.tables = nn.ModuleList(
+            nn.Linear(w, hi - lo) for lo, hi, w in zip(self.bounds, self.bounds[1:], widths, strict=False)
+        )
+        self.cluster = nn.Linear(widths[0], n_clusters - 1) if n_clusters > 1 else None
+
+    def tie_to(self, embedding: AdaptiveEmbedding, projections: bool) -> None:
+        """Share the word vectors (and, with ``projections``, the projections) with the adaptive input."""
+        for out_table, in_table in zip(self.tables, embedding.tables, strict=True):
+            out_table.weight = in_table.weight
+        if projections:
+            for i, proj in enumerate(embedding.projs):
+                self.projs[i] = proj
+
+    def _scores(self, hidden: Tensor, i: int) -> Tensor:
+        """Scores of cluster i's words (for i = 0 followed by the tail clusters' entries)."""
+        proj = self.projs[i]
+        h = hidden if isinstance(proj, nn.Identity) else hidden @ proj.weight
+        scores = self.tables[i](h)
+        if i == 0 and self.cluster is not None:
+            scores = torch.cat([scores, self.cluster(h)], dim=-1)
+        return widen(scores)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """Log-probabilities ``[..., vocab]`` of every word."""
+        head = self._scores(hidden, 0).log_softmax(-1)
+        head_size = self.bounds[1]
+        parts = [head[..., :head_size]]
+        for i in range(1, len(self.tables)):
+            cluster_logp = head[..., head_size + i - 1, None]
+            parts.append(cluster_logp + self._scores(hidden, i).log_softmax(-1))
+        return torch.cat(parts, dim=-1)
+
+    def nll(self, hidden: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
+        """Token-mean negative log-likelihood over ``targets != ignore_index`` (NaN when there are none)."""
+        hidden, targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
+        valid = targets != ignore_index
+        targets = targets.masked_fill(~valid, 0)
+        bounds = torch.tensor(self.bounds[1:-1], device=targets.device)
+        cluster = torch.bucketize(targets, bounds, right=True)  # 0 for the head, i for tail cluster i
+        head_size = self.bounds[1]
+        head_index = torch.where(cluster == 0, targets, head_size + cluster - 1)
+        logp = self._scores(hidden, 0).log_softmax(-1).gather(1, head_index[:, None]).squeeze(1)
+        for i in range(1, len(self.tables)):
+            # Only this cluster's positions: a data-dependent shape, hence one host sync per tail cluster.
+            rows = ((cluster == i) & valid).nonzero().squeeze(1)
+            if rows.numel():
+                tail = self._scores(hidden[rows], i).log_softmax(-1)
+                word = (targets[rows] - self.bounds[i])[:, None]
+                logp = logp.index_add(0, rows, tail.gather(1, word).squeeze(1))
+        return -(logp * valid).sum() / valid.sum()
