@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import lightning as L
 import pytest
 import torch
@@ -35,7 +37,8 @@ def test_nonfinite_gradient_step_is_skipped_and_counted(tmp_path, corpus):
     run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "trainer.max_steps=6", "logger=csv"))
     poison = PoisonGradients({3})
     run.trainer.callbacks.append(poison)
-    with pytest.warns(UserWarning, match="non-finite gradient at step 3"):
+    skipped = r"1 step\(s\) with a non-finite loss or gradient were skipped \(found by step 4\)"
+    with pytest.warns(UserWarning, match=skipped):
         run.trainer.fit(run.module, datamodule=run.datamodule)
     after_poisoned_step = poison.weights[4]
     for name, before in poison.weights[3].items():
@@ -51,10 +54,42 @@ def test_too_many_nonfinite_steps_stop_the_run_keeping_the_checkpoint(tmp_path, 
     run = build_run(cfg)
     poison = PoisonGradients(set(range(4, 20)))
     run.trainer.callbacks.append(poison)
-    with pytest.raises(NonFiniteError, match=r"3 steps in a row \(last at step 6\).*lower optim.lr"):
+    with pytest.raises(NonFiniteError, match=r"3 steps in a row \(found by step 7\).*lower optim.lr"):
         run.trainer.fit(run.module, datamodule=run.datamodule)
     last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     # Checkpoints written during the skipped steps hold the last good weights (those before step 4).
     assert last["global_step"] == 6
     for name, value in poison.weights[4].items():
         assert torch.equal(last["state_dict"][f"model.{name}"], value)
+
+
+class PoisonMemory(L.Callback):
+    """Puts an inf into the training memory before one step, so that step's loss is not finite."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.weights: dict[int, dict[str, torch.Tensor]] = {}
+        self.losses: dict[int, float] = {}
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.weights[trainer.global_step] = {k: v.clone() for k, v in module.model.state_dict().items()}
+        if trainer.global_step == self.step:
+            module.mems["train"][0][0, -1, 0] = float("inf")
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.losses[trainer.global_step - 1] = float(outputs["loss"])
+        self.memory_finite = all(torch.isfinite(m).all() for m in module.mems["train"])
+
+
+def test_nonfinite_loss_is_skipped_and_its_memory_cleaned(tmp_path, corpus):
+    run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "trainer.max_steps=6"))
+    poison = PoisonMemory(3)
+    run.trainer.callbacks.append(poison)
+    with pytest.warns(UserWarning, match=r"1 step\(s\) with a non-finite loss"):
+        run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert not math.isfinite(poison.losses[3])
+    assert all(math.isfinite(poison.losses[s]) for s in (4, 5)), "the poisoned memory reached later steps"
+    for name, before in poison.weights[3].items():
+        assert torch.equal(before, poison.weights[4][name]), f"{name} changed in the skipped step"
+    assert not torch.equal(poison.weights[4]["embed.weight"], poison.weights[5]["embed.weight"])
+    assert poison.memory_finite and run.module.nonfinite_total == 1

@@ -135,3 +135,56 @@ def test_warmup_then_cosine():
     assert values[0] == pytest.approx(0.1) and values[9] == pytest.approx(1.0)
     assert values[10] == pytest.approx(1.0) and values[110] == pytest.approx(0.1)
     assert all(a >= b for a, b in zip(values[10:], values[11:], strict=False))
+
+
+class HostSyncWatch(L.Callback):
+    """Records every read of a tensor's value on the host between a batch's start and its optimizer step."""
+
+    READS = ("item", "__bool__", "__float__", "__int__", "tolist", "numpy")
+
+    def __init__(self) -> None:
+        self.reads: list[str] = []
+        self.saved = {name: getattr(torch.Tensor, name) for name in self.READS}
+
+    def _patch(self, on: bool) -> None:
+        for name, original in self.saved.items():
+            def spy(t, *a, _name=name, _original=original, **k):
+                self.reads.append(_name)
+                return _original(t, *a, **k)
+            setattr(torch.Tensor, name, spy if on else original)
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self._patch(True)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self._patch(False)
+
+    def teardown(self, trainer, module, stage):
+        self._patch(False)
+
+
+@pytest.mark.parametrize("sync_in_step", [False, True])
+def test_training_step_never_waits_for_the_device(tiny_cfg, monkeypatch, sync_in_step):
+    """Forward, loss, metric, non-finite handling, backward, clipping and the fused AdamW step: no host reads."""
+    tiny_cfg.trainer.max_steps = 4
+    tiny_cfg.trainer.log_every_n_steps = 50
+    tiny_cfg.trainer.val_check_interval = 50
+    tiny_cfg.trainer.num_sanity_val_steps = 0
+    tiny_cfg.test = False
+    run = build_run(tiny_cfg)
+    if sync_in_step:  # the watch must see a host read when there is one
+        step = run.module.training_step
+
+        def syncing_step(batch, batch_idx):
+            loss = step(batch, batch_idx)
+            loss.item()
+            return loss
+        monkeypatch.setattr(run.module, "training_step", syncing_step)
+    watch = HostSyncWatch()
+    run.trainer.callbacks.insert(0, watch)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert run.trainer.global_step == 4
+    if sync_in_step:
+        assert watch.reads.count("item") == 4
+    else:
+        assert watch.reads == [], f"host reads of device values during training steps: {watch.reads}"

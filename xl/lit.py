@@ -98,12 +98,17 @@ class XLLitModule(L.LightningModule):
         if max_nonfinite_steps < 1:
             raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
         self.max_nonfinite_steps = max_nonfinite_steps
+        # Counted on the device every step, read on the host once per logging interval.
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
+        self.register_buffer("_nonfinite_run", torch.zeros((), dtype=torch.long), persistent=False)
+        self.register_buffer("_nonfinite_worst", torch.zeros((), dtype=torch.long), persistent=False)
+        self.register_buffer("_nonfinite_total", torch.zeros((), dtype=torch.long), persistent=False)
         self.model = TransformerXL(self.config)
         self.mems: dict[str, list[Tensor] | None] = dict.fromkeys(STAGES)
         # Token-weighted mean NLL per stage; MeanMetric reduces (sum, weight) across ranks exactly.
-        self.train_nll, self.val_nll, self.test_nll = MeanMetric(), MeanMetric(), MeanMetric()
+        # No NaN checks inside the metric: they would wait for the device every step.
+        self.train_nll, self.val_nll, self.test_nll = (MeanMetric(nan_strategy="disable") for _ in range(3))
 
     # ---- memory -------------------------------------------------------------------------------
     def reset_memory(self, stage: str) -> None:
@@ -137,42 +142,61 @@ class XLLitModule(L.LightningModule):
         self.reset_memory("predict")
 
     # ---- steps and metrics ----------------------------------------------------------------------
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor | None:
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         if batch_idx == 0:
             # The streams restart at every epoch. Keyed on the batch index, not on epoch start, so that
             # a run resumed mid-epoch keeps the memory it restored from the checkpoint.
             self.reset_memory("train")
         loss = self.step(batch, "train")
-        if not torch.isfinite(loss):
-            # Its memory would poison every later step: drop it, and return None so Lightning skips the update.
-            self.reset_memory("train")
-            self.count_nonfinite("loss")
-            return None
-        n_tokens = batch[1].numel()
-        self.train_nll.update(loss.detach(), weight=n_tokens)
+        # Nothing here waits for the device: a non-finite loss is handled where it lands, without a
+        # host-side branch. Its memory would poison every later step, so non-finite entries are zeroed
+        # (in place, on memory the step just allocated); its gradients are non-finite, so the optimizer
+        # skips the update (on_before_optimizer_step); the epoch metric leaves it out with weight 0.
+        for m in self.mems["train"]:
+            m.nan_to_num_(0.0, 0.0, 0.0)
+        finite = torch.isfinite(loss.detach())
+        self.train_nll.update(torch.where(finite, loss.detach(), 0.0), weight=finite * batch[1].numel())
         loss_value = loss.detach()
         self.log_dict({"train/loss": loss_value, f"train/{self.quality_name}": self.quality(loss_value)},
                       on_step=True, prog_bar=True, batch_size=batch[1].size(0))
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """A non-finite gradient (finite loss) is not applied either: AdamW skips parameters without grads."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if grads and not torch.isfinite(torch.nn.utils.get_total_norm(grads)):
-            for p in self.model.parameters():
-                p.grad = None
-            self.count_nonfinite("gradient")
-        elif grads:
-            self.nonfinite_in_row = 0
+        """Skip an update whose gradients are not finite, deciding on the device (no host sync).
 
-    def count_nonfinite(self, what: str) -> None:
-        self.nonfinite_in_row += 1
-        self.nonfinite_total += 1
-        self.log("train/nonfinite_steps", float(self.nonfinite_total), on_step=True)
-        rank_zero_warn(f"non-finite {what} at step {self.global_step}: the update was skipped")
-        if self.nonfinite_in_row >= self.max_nonfinite_steps:
+        The fused AdamW kernel reads ``found_inf`` (the flag torch's GradScaler uses) and leaves weights,
+        moments and step count untouched when it is set. Gradients are already reduced across ranks
+        here, so every rank makes the same decision.
+        """
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        bad = ~torch.isfinite(torch.nn.utils.get_total_norm(grads))
+        optimizer.found_inf = bad.float()
+        self._nonfinite_run = (self._nonfinite_run + 1) * bad
+        self._nonfinite_worst = torch.maximum(self._nonfinite_worst, self._nonfinite_run)
+        self._nonfinite_total = self._nonfinite_total + bad
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.global_step % self.trainer.log_every_n_steps == 0:
+            self.check_nonfinite()
+            if self.nonfinite_total:
+                self.log("train/nonfinite_steps", float(self.nonfinite_total))
+
+    def on_train_end(self) -> None:
+        self.check_nonfinite()
+
+    def check_nonfinite(self) -> None:
+        """Read the device-side counts of skipped steps (once per logging interval): warn, or stop the run."""
+        total, worst = int(self._nonfinite_total), int(self._nonfinite_worst)
+        if total > self.nonfinite_total:
+            rank_zero_warn(f"{total - self.nonfinite_total} step(s) with a non-finite loss or gradient were skipped "
+                           f"(found by step {self.global_step})")
+            self.nonfinite_total = total
+        self.nonfinite_in_row = int(self._nonfinite_run)
+        if worst >= self.max_nonfinite_steps:
             raise NonFiniteError(
-                f"non-finite {what} for {self.nonfinite_in_row} steps in a row (last at step {self.global_step}); "
+                f"non-finite loss or gradient for {worst} steps in a row (found by step {self.global_step}); "
                 "the last good checkpoint is kept; lower optim.lr or set trainer.gradient_clip_val"
             )
 
@@ -251,7 +275,7 @@ class XLLitModule(L.LightningModule):
             return
         dm = self.trainer.datamodule
         batch = getattr(dm, "batch_size", None)
-        dtype = self.model.embed.weight.dtype
+        dtype = self.model.config.memory_dtype(self.model.anchor.dtype)
         info: dict[str, Any] = {"model/params": sum(p.numel() for p in self.model.parameters())}
         if batch:
             cfg = self.config
@@ -262,9 +286,11 @@ class XLLitModule(L.LightningModule):
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         o = self.optim
+        # Fused: one kernel for all parameters (on CPU, ~6x faster than the default foreach step at config S),
+        # and it honours the on-device skip of non-finite steps (on_before_optimizer_step).
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=o.lr, betas=o.betas, eps=o.eps,
+            lr=o.lr, betas=o.betas, eps=o.eps, fused=True,
         )
         total = max(1, int(self.trainer.estimated_stepping_batches))
         scheduler = torch.optim.lr_scheduler.LambdaLR(
