@@ -8,12 +8,15 @@ from tests.conftest import CONF_DIR, compose_config
 from xl.build import model_config
 from xl.model import XLConfig, count_parameters
 
+WT103_VOCAB = 267_735  # words of the WikiText-103 training split, with <eos> (Dai et al., 2019)
 # (experiment, vocabulary of its tokenizer, parameters reported by Dai et al., 2019)
-PAPER = [("enwik8_base", 256, 41e6), ("enwik8_large", 256, 277e6), ("text8_large", 28, 277e6)]
+PAPER = [("enwik8_base", 256, 41e6), ("enwik8_large", 256, 277e6), ("text8_large", 28, 277e6),
+         ("wt103_base", WT103_VOCAB, 151e6)]
 
 
 def test_every_experiment_is_listed():
-    assert {p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")} == {name for name, *_ in PAPER}
+    listed = {name for name, *_ in PAPER} | {"wt103_large"}
+    assert {p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")} == listed
 
 
 @pytest.mark.parametrize("name,vocab,paper", PAPER)
@@ -23,3 +26,27 @@ def test_experiment_composes_and_matches_the_papers_size(name, vocab, paper):
     params = count_parameters(config)  # on the meta device: nothing allocated
     assert abs(params - paper) / paper < 0.03, f"{name}: {params:,} parameters vs the paper's {paper:,.0f}"
     assert cfg.memory.eval_mem_len > cfg.memory.mem_len and cfg.memory.eval_same_length
+
+
+def closed_form_parameters(c: XLConfig) -> int:
+    """Parameters of a tied adaptive-softmax model, counted from the architecture by hand (not from modules)."""
+    d, inner = c.d_model, c.n_head * c.d_head
+    attention = 4 * d * inner + inner * d + 2 * inner + 2 * d  # q, k, v, r; o; u and v; layer norm
+    feed_forward = d * c.d_inner + c.d_inner + c.d_inner * d + d + 2 * d
+    bounds = [0, *c.cutoffs, c.vocab_size]
+    widths = [d // c.div_val**i for i in range(len(bounds) - 1)]
+    embedding = sum((hi - lo) * w + (w * d if w != d else 0)
+                    for lo, hi, w in zip(bounds, bounds[1:], widths, strict=False))
+    softmax = c.vocab_size + len(c.cutoffs) * (widths[0] + 1)  # word biases; the tail clusters' head entries
+    return c.n_layer * (attention + feed_forward) + embedding + softmax
+
+
+def test_wt103_large_has_the_size_its_published_hyperparameters_give():
+    """The paper reports 257M, but its released hyperparameters (18 × 1024, d_inner 4096, div_val 4) give 283M."""
+    cfg = compose_config("experiment=wt103_large")
+    config = XLConfig.from_dict(model_config(cfg, WT103_VOCAB))
+    params = count_parameters(config)
+    assert params == closed_form_parameters(config) == 283_108_170
+    assert params / 257e6 - 1 == pytest.approx(0.10, abs=0.005)  # the gap the README documents
+    base = XLConfig.from_dict(model_config(compose_config("experiment=wt103_base"), WT103_VOCAB))
+    assert count_parameters(base) == closed_form_parameters(base)
