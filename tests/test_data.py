@@ -300,6 +300,32 @@ def test_cache_is_built_once_and_reused(tmp_path, monkeypatch):
     assert cache_folder(source, make_tokenizer("word"), None) != first.folder
 
 
+def test_word_vocabulary_scales_to_wikitext103_size(tmp_path, monkeypatch):
+    """267,733 distinct training words (+ <eos>, <unk>: WikiText-103's 267,735), built once, ids as int32."""
+    n = 267_733
+    words = np.array([f"w{i}" for i in range(n)])
+    rng = np.random.default_rng(0)
+    frequent = (rng.zipf(1.5, 300_000) - 1) % 1000  # a Zipf head on top of one occurrence of every word
+    train_ids = np.concatenate([rng.permutation(n), frequent])
+    lines = lambda ids: "\n".join(" ".join(words[ids[i:i + 25]]) for i in range(0, len(ids), 25)) + "\n"  # noqa: E731
+    val_ids = rng.integers(0, n, 5000)
+    paths = write_corpus(tmp_path, lines(train_ids), lines(val_ids) + "never_seen\n", lines(val_ids[:100]))
+    kwargs = dict(tokenizer="word", cache_dir=str(tmp_path / "cache"), batch_size=2, tgt_len=8)
+    start = time.perf_counter()
+    cache = SegmentDataModule.from_files(**{k: str(v) for k, v in paths.items()}, **kwargs).cache
+    seconds = time.perf_counter() - start
+    tok = cache.tokenizer
+    assert tok.vocab_size == n + 2 and cache.splits["train"].dtype == np.int32
+    assert tok.itos[2] == "w0"  # the most frequent word gets the first id after the two specials
+    assert tok.decode(cache.splits["val"]) == lines(val_ids) + "<unk>\n"
+    assert cache.meta["splits"]["val"]["unknown"] == 1
+    # Built once: a second data module reads the cache and never refits the 267k-word vocabulary.
+    monkeypatch.setattr(type(tok), "fit", lambda self, texts: pytest.fail("the vocabulary was fitted again"))
+    again = SegmentDataModule.from_files(**{k: str(v) for k, v in paths.items()}, **kwargs).cache
+    assert again.tokenizer.itos == tok.itos and np.array_equal(again.splits["train"], cache.splits["train"])
+    assert seconds < 60, f"building a 267k-word vocabulary took {seconds:.1f} s"
+
+
 def test_a_failed_build_leaves_nothing_that_is_trusted_later(tmp_path, monkeypatch):
     paths = write_corpus(tmp_path, "train text\n", "val text\n", "test text\n")
     source = sources.TextFilesSource(**paths)
