@@ -1,0 +1,142 @@
+"""Training throughput, peak memory and model FLOPs utilisation on an accelerator: ``python -m xl.gpubench``.
+
+Runs the training step as :class:`xl.lit.XLLitModule` does (forward with the memory carried, backward,
+gradient clipping, fused AdamW) for one of the paper's experiment configs, in bf16 autocast by default,
+optionally under ``torch.compile``. Model FLOPs are counted exactly for the shapes run (see
+:func:`model_flops`; a test checks the count against ``torch.utils.flop_counter``), and MFU divides the
+achieved FLOP rate by the device's dense bf16 peak (a small table, or ``--peak-tflops``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from xl.model import TransformerXL, XLConfig
+
+# Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, in TFLOP/s; first match wins.
+PEAK_BF16_TFLOPS = [("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0),
+                    ("L4", 121.0), ("A10", 125.0), ("RTX 4090", 165.0), ("V100", 125.0)]
+
+
+def model_flops(cfg: XLConfig, batch: int, tgt_len: int, mem_len: int, train: bool) -> int:
+    """FLOPs (2 per multiply-add) of one segment's step with ``mem_len`` cached positions; plain softmax head.
+
+    Per layer: queries over L positions, keys/values over K = M + L, the relative embeddings projected once
+    for the batch, position scores against K + 1 columns (one zero pad), content scores and the weighted sum
+    over all K keys (the causal mask is applied, not skipped), output projection and feed-forward. Training
+    is three times the forward, less the input gradient of the position projection (its input is a constant).
+    """
+    if cfg.cutoffs:
+        raise ValueError("model_flops counts the plain softmax head only; set cutoffs=() for the benchmark")
+    B, L, M, d, inner, di = batch, tgt_len, mem_len, cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner
+    K = M + L
+    per_row = 2 * L * d * inner + 2 * K * d * 2 * inner + 2 * L * (K + 1) * inner + 2 * 2 * L * K * inner \
+        + 2 * L * inner * d + 2 * 2 * L * d * di
+    position_projection = 2 * K * d * inner
+    forward = cfg.n_layer * (B * per_row + position_projection) + B * 2 * L * d * cfg.vocab_size
+    return 3 * forward - cfg.n_layer * position_projection if train else forward
+
+
+def peak_tflops(device: torch.device) -> tuple[str, float | None]:
+    """The device's name and dense bf16 peak, if it is in the table."""
+    if device.type != "cuda":
+        return "cpu", None
+    name = torch.cuda.get_device_name(device)
+    return name, next((peak for key, peak in PEAK_BF16_TFLOPS if key in name), None)
+
+
+def experiment_shape(name: str) -> tuple[dict, int, int, int]:
+    """(XLConfig fields, per-device batch, tgt_len, mem_len) of a conf/experiment overlay."""
+    from hydra import compose, initialize_config_dir
+
+    from xl.build import model_config
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={name}"])
+    return model_config(cfg, 256), cfg.data.batch_size, cfg.data.tgt_len, cfg.memory.mem_len
+
+
+def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: torch.dtype | None, compile: bool,
+        steps: int, warmup: int, peak: float | None) -> dict[str, float]:
+    """Time ``steps`` training steps after ``warmup`` (which also fill the memory); peak memory and MFU."""
+    torch.manual_seed(0)
+    model = TransformerXL(cfg).to(device).train()
+    if compile:
+        model.compile()
+    opt = torch.optim.AdamW(model.parameters(), lr=2.5e-4, fused=True)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, tgt_len + 1), device=device)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    mems = None
+
+    def step() -> None:
+        nonlocal mems
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            out = model(x, mems, targets=y, return_logits=False)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        mems = out.mems
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(max(warmup, cfg.mem_len // tgt_len + 1)):  # the memory is full from here on
+        step()
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    seconds = (time.perf_counter() - start) / steps
+    flops = model_flops(cfg, batch, tgt_len, cfg.mem_len, train=True)
+    return {
+        "tokens_per_s": batch * tgt_len / seconds,
+        "step_ms": seconds * 1e3,
+        "tflops": flops / seconds / 1e12,
+        "mfu": flops / seconds / (peak * 1e12) if peak else float("nan"),
+        "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan"),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    p = argparse.ArgumentParser(prog="python -m xl.gpubench", description=__doc__.splitlines()[0])
+    p.add_argument("--experiment", default="enwik8_base", help="a conf/experiment config (model, batch, lengths)")
+    p.add_argument("--batch", type=int, help="per-device batch (default: the experiment's)")
+    p.add_argument("--precision", choices=("bf16-mixed", "16-mixed", "32-true"), default="bf16-mixed")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak, if not in the table")
+    p.add_argument("--set", metavar="FIELD=VALUE", action="append", default=[],
+                   help="override an integer XLConfig field, e.g. --set n_layer=2 (smoke runs)")
+    args = p.parse_args(argv)
+    fields, batch, tgt_len, _ = experiment_shape(args.experiment)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        fields[key] = int(value)
+    cfg = XLConfig.from_dict(fields)
+    device = torch.device(args.device)
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "32-true": None}[args.precision]
+    name, peak = peak_tflops(device)
+    batch = args.batch or batch
+    r = run(cfg, batch, tgt_len, device, dtype, args.compile, args.steps, args.warmup, args.peak_tflops or peak)
+    print(f"device   : {name}, torch {torch.__version__}, {args.precision}, compile={args.compile}")
+    print(f"config   : {args.experiment} ({cfg.n_layer} layers, d_model {cfg.d_model}), batch {batch}, "
+          f"tgt_len {tgt_len}, mem_len {cfg.mem_len}")
+    print(f"tokens/s : {r['tokens_per_s']:,.0f}   step {r['step_ms']:.1f} ms")
+    print(f"TFLOP/s  : {r['tflops']:.1f}   MFU {r['mfu']:.1%}   peak memory {r['peak_gib']:.2f} GiB")
+    return r
+
+
+if __name__ == "__main__":
+    main()
