@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -52,8 +53,22 @@ def test_precision_options(option, tmp_path):
             check_device(cfg)
         return
     check_device(cfg)
+    expected = "32-true" if option == "auto" else option  # auto on a CPU
     trainer = instantiate(cfg.trainer, logger=False, enable_progress_bar=False)
-    assert option in str(trainer.precision) or trainer.strategy.precision_plugin.precision == option
+    assert cfg.trainer.precision == expected and trainer.strategy.precision_plugin.precision == expected
+
+
+@pytest.mark.parametrize("bf16,expected", [(True, "bf16-mixed"), (False, "16-mixed")])
+def test_auto_precision_on_a_gpu_is_mixed(monkeypatch, bf16, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    cfg = compose_config("trainer=gpu")
+    check_device(cfg)
+    assert cfg.trainer.precision == expected
+    cpu = compose_config("trainer=cpu")  # an explicit CPU run stays float32 even where a GPU is visible
+    check_device(cpu)
+    assert cpu.trainer.precision == "32-true"
 
 
 @pytest.mark.parametrize("option", options("trainer"))
@@ -96,6 +111,8 @@ def test_unknown_key_is_rejected():
 
 def test_defaults_are_cpu_fp32_wandb_offline():
     cfg = compose_config()
-    assert cfg.trainer.accelerator == "cpu" and cfg.trainer.precision == "32-true"
+    assert cfg.trainer.accelerator == "cpu" and cfg.trainer.precision == "auto"
+    check_device(cfg)
+    assert cfg.trainer.precision == "32-true"
     assert cfg.logger.wandb.offline is True
     assert OmegaConf.select(cfg, "data.source._target_").endswith("StdlibSource")

@@ -188,3 +188,23 @@ def test_training_step_never_waits_for_the_device(tiny_cfg, monkeypatch, sync_in
         assert watch.reads.count("item") == 4
     else:
         assert watch.reads == [], f"host reads of device values during training steps: {watch.reads}"
+
+
+def fit_weights(cfg) -> dict[str, torch.Tensor]:
+    run = build_run(cfg)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    return run.module.state_dict()
+
+
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_model_trains_like_the_plain_one_under_the_same_names(tiny_cfg, backend):
+    tiny_cfg.trainer.max_steps = 3
+    tiny_cfg.trainer.num_sanity_val_steps = 0
+    tiny_cfg.test = False
+    plain = fit_weights(tiny_cfg)
+    tiny_cfg.compile.enabled = True
+    tiny_cfg.compile.backend = backend
+    compiled = fit_weights(tiny_cfg)
+    assert compiled.keys() == plain.keys()  # checkpoints of compiled runs load into plain models
+    for name, value in plain.items():
+        torch.testing.assert_close(compiled[name], value, rtol=1e-4, atol=1e-5, msg=name)

@@ -41,13 +41,20 @@ class Run:
 
 
 def check_device(cfg: DictConfig) -> None:
-    """Refuse precisions and device counts this machine cannot honour, before anything starts."""
+    """Resolve ``precision=auto``; refuse precisions and device counts this machine cannot honour."""
     t = cfg.trainer
     accelerator = str(t.get("accelerator", "auto"))
     has_cuda = torch.cuda.is_available()
     if accelerator in ("gpu", "cuda") and not has_cuda:
         raise ConfigError(f"trainer.accelerator={accelerator} but no CUDA GPU is visible; use trainer=cpu")
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not has_cuda)
+    if str(t.get("precision")) == "auto":
+        # GPUs: bf16 autocast where the GPU has bf16 (Ampere on), else fp16 with loss scaling. CPUs: fp32,
+        # which is the fast choice there (FACTS.md: bf16 matmuls are far slower without AMX/AVX-512).
+        choice = "32-true" if on_cpu else "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+        with open_dict(cfg):
+            t.precision = choice
+        log.info("precision=auto: using %s", choice)
     precision = str(t.get("precision", "32-true"))
     if on_cpu and precision in ("16-mixed", "16-true", "16"):
         raise ConfigError(
@@ -98,7 +105,7 @@ def build_datamodule(cfg: DictConfig) -> Any:
 
 def build_module(cfg: DictConfig, datamodule: Any) -> XLLitModule:
     try:
-        return XLLitModule(
+        module = XLLitModule(
             model=model_config(cfg, datamodule.vocab_size),
             optim=OmegaConf.to_container(cfg.optim, resolve=True),
             eval_mem_len=cfg.memory.eval_mem_len,
@@ -109,6 +116,11 @@ def build_module(cfg: DictConfig, datamodule: Any) -> XLLitModule:
         )
     except (TypeError, ValueError) as err:
         raise ConfigError(f"invalid model/memory/optim setting: {err}") from err
+    compile_cfg = cfg.get("compile") or {}
+    if compile_cfg.get("enabled"):
+        # In place (nn.Module.compile): parameter names, hence checkpoints, stay those of the plain model.
+        module.model.compile(mode=compile_cfg.get("mode"), backend=compile_cfg.get("backend", "inductor"))
+    return module
 
 
 def run_identity(cfg: DictConfig) -> tuple[str, str | None]:
