@@ -29,4 +29,6 @@ def test_command_prints_table_and_params(capsys):
     main(["--mem-len", "128", "--d-model", "256", "--n-layer", "4", "--batch", "8",
           "--n-head", "4", "--d-head", "64", "--d-inner", "1024", "--vocab", "256"])
     out = capsys.readouterr().out
-    assert "4.0" in out and "3,484,672" in out
+    assert "3,484,672" in out
+    fp32, bf16 = [line for line in out.splitlines() if line.startswith("128m")]
+    assert "float32" in fp32 and " 4.0 " in fp32 and "bfloat16" in bf16 and " 2.0 " in bf16

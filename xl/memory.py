@@ -76,13 +76,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--d-model", type=int)
     parser.add_argument("--n-layer", type=int)
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                        help="the cache's storage dtype (memory.mem_dtype); default: float32 and bfloat16 side by side")
     parser.add_argument("--n-head", type=int, help="with --d-head, --d-inner and --vocab: also count parameters")
     parser.add_argument("--d-head", type=int)
     parser.add_argument("--d-inner", type=int)
     parser.add_argument("--vocab", type=int)
     args = parser.parse_args(argv)
-    dtype = getattr(torch, args.dtype)
+    dtypes = [getattr(torch, args.dtype)] if args.dtype else [torch.float32, torch.bfloat16]
     shape = (args.mem_len, args.d_model, args.n_layer)
     if all(v is None for v in shape):
         rows = [cache_footprint(*c, dtype=d) for c in SEED_CONFIGS for d in (torch.float32, torch.bfloat16)]
@@ -96,8 +97,8 @@ def main(argv: list[str] | None = None) -> None:
 
         cfg = XLConfig(vocab_size=args.vocab, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
                        d_head=args.d_head, d_inner=args.d_inner, mem_len=args.mem_len)
-        params = [count_parameters(cfg)]
-    print(format_table([cache_footprint(*shape, args.batch, dtype)], params))
+        params = [count_parameters(cfg)] + [None] * (len(dtypes) - 1)
+    print(format_table([cache_footprint(*shape, args.batch, dtype) for dtype in dtypes], params))
 
 
 if __name__ == "__main__":
