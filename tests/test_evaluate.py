@@ -151,8 +151,9 @@ def test_command_line_prints_the_table(trained, corpus, tmp_path, monkeypatch):
     assert all(row[3] == f"{4 * 16 * 4:,}" for row in lines)  # 5 segments, 1 of them warm-up
 
 
-def test_speed_benchmark_reports_both_modes():
+def test_speed_benchmark_reports_all_modes():
     rows = evalspeed_main(["--attn-lens", "16", "32", "--tgt-len", "8", "--batch", "2", "--positions", "2",
                            "--repeats", "1", "--threads", "1"])
     assert [r["attn_len"] for r in rows] == [16, 32]
     assert all(r["xl_us"] > 0 and r["vanilla_us"] > 0 and r["speedup"] == r["vanilla_us"] / r["xl_us"] for r in rows)
+    assert all(r["one_token_us"] > 0 and r["one_token_speedup"] == r["vanilla_us"] / r["one_token_us"] for r in rows)

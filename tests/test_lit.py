@@ -208,3 +208,17 @@ def test_compiled_model_trains_like_the_plain_one_under_the_same_names(tiny_cfg,
     assert compiled.keys() == plain.keys()  # checkpoints of compiled runs load into plain models
     for name, value in plain.items():
         torch.testing.assert_close(compiled[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_evaluation_carries_keys_and_values_with_its_memory():
+    cfg = dict(vocab_size=16, n_layer=2, n_head=2, d_model=8, d_head=4, d_inner=8, dropout=0.0, mem_len=4)
+    module = XLLitModule(model=cfg, eval_mem_len=12).double()
+    x = torch.randint(0, 16, (2, 5, 6))
+    plain = [module.step((x[:, i], x[:, i]), "val") for i in range(5)]  # gradients on: no cache
+    module.reset_memory("val")
+    with torch.no_grad():
+        cached = [module.step((x[:, i], x[:, i]), "val") for i in range(5)]
+        assert [k.size(2) for k, _ in module.kv["val"]] == [12, 12] == [m.size(1) for m in module.mems["val"]]
+    torch.testing.assert_close(torch.stack(cached), torch.stack(plain).detach(), rtol=1e-12, atol=1e-12)
+    module.reset_memory("val")
+    assert module.kv["val"] is None

@@ -88,7 +88,7 @@ def test_attention_module_matches_reference(pre_lnorm):
     h, mem = torch.randn(2, 5, 16, dtype=torch.float64), torch.randn(2, 6, 16, dtype=torch.float64)
     pos_emb, mask = model._context(5, 6, -1, None)
     with torch.no_grad():
-        torch.testing.assert_close(attn(h, mem, pos_emb, mask), reference_attention(attn, h, mem))
+        torch.testing.assert_close(attn(h, mem, pos_emb, mask)[0], reference_attention(attn, h, mem))
 
 
 def test_attention_mask_shapes_the_window():
@@ -174,7 +174,7 @@ def test_memory_of_layer_n_is_input_of_layer_n():
     assert len(second.mems) == n_layer
     for n in range(n_layer):
         # Memory given to layer n in segment 2 = what entered layer n in segment 1 = layer n-1's output.
-        produced = emb[0] if n == 0 else seen[n - 1][0][1]
+        produced = emb[0] if n == 0 else seen[n - 1][0][1][0]  # a layer returns (output, (keys, values))
         (h2, mem2, *_), _ = seen[n][1]
         torch.testing.assert_close(mem2, produced)
         # New memory = last 5 of (old memory ∘ segment 2's layer input).
@@ -232,6 +232,42 @@ def test_low_precision_cache_halves_memory_and_rounds_only_the_cache(mem_dtype):
     assert memory_bytes(mems) == memory_bytes(ref_mems) // 2 == cache_footprint(8, 16, 2, 2, dtype).bytes
     torch.testing.assert_close(got[:, :8], ref[:, :8], rtol=0, atol=0)
     assert 0 < (got - ref).abs().max() < 0.02 * ref.abs().max()
+
+
+@pytest.mark.parametrize("seg_len,mem_len,clamp_len,same_length,pre_lnorm",
+                         [(4, 6, -1, False, False), (4, 4, 3, True, True), (5, 3, -1, False, False),
+                          (3, 0, -1, False, False), (2, 9, -1, False, True)])
+def test_cached_keys_and_values_give_the_same_evaluation(seg_len, mem_len, clamp_len, same_length, pre_lnorm):
+    model = make_model(pre_lnorm=pre_lnorm)
+    tokens = torch.randint(0, 32, (2, 17), generator=torch.Generator().manual_seed(5))
+    context = dict(mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    with torch.no_grad():
+        expected, _ = run_segments(model, tokens, seg_len, **context)
+        mems, kv, logits = None, None, []
+        for start in range(0, tokens.size(1), seg_len):
+            out = model(tokens[:, start:start + seg_len], mems, kv=kv, cache_kv=True, **context)
+            mems, kv = out.mems, out.kv
+            logits.append(out.logits)
+            for (k, v), m, layer in zip(kv, mems, model.layers, strict=True):
+                # The cached keys/values are exactly the projection of the memory they travel with.
+                k_ref, v_ref = layer.attn.project_memory(m)
+                torch.testing.assert_close(k, k_ref, rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(v, v_ref, rtol=1e-12, atol=1e-12)
+        # Starting from a memory without its keys/values projects them once.
+        resumed = model(tokens[:, -seg_len:], mems, cache_kv=True, **context).logits
+        reference = model(tokens[:, -seg_len:], mems, **context).logits
+    torch.testing.assert_close(torch.cat(logits, 1), expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(resumed, reference, rtol=1e-10, atol=1e-10)
+
+
+def test_cached_keys_and_values_are_refused_while_training():
+    model = make_model(mem_len=4)
+    with pytest.raises(ValueError, match="cache_kv is for evaluation"):
+        model(torch.zeros(1, 4, dtype=torch.long), cache_kv=True)
+    with torch.no_grad():
+        out = model(torch.zeros(1, 4, dtype=torch.long), cache_kv=True)
+        with pytest.raises(ValueError, match="kv must be"):
+            model(torch.zeros(1, 4, dtype=torch.long), out.mems, kv=out.kv[:1], cache_kv=True)
 
 
 def test_loss_is_token_mean_cross_entropy():

@@ -104,22 +104,30 @@ class RelMultiHeadAttention(nn.Module):
         self.pre_lnorm = pre_lnorm
         self.scale = 1.0 / math.sqrt(d_head)
 
-    def forward(self, h: Tensor, mem: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
+    def forward(
+        self, h: Tensor, mem: Tensor, pos_emb: Tensor, mask: Tensor, mem_kv: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """h: [B, L, d] layer input; mem: [B, M, d] cached layer inputs (already detached);
-        pos_emb: [M+L, d] embeddings of distances M+L-1 .. 0; mask: [L, M+L] additive (0 / -inf)."""
+        pos_emb: [M+L, d] embeddings of distances M+L-1 .. 0; mask: [L, M+L] additive (0 / -inf);
+        mem_kv: the memory's keys and values [B, H, M, D] if already projected (evaluation: the weights
+        are fixed, and keys carry no position, so those of the previous segment stay valid).
+
+        Returns the layer output and the keys and values [B, H, M+L, D] over memory ∘ segment.
+        """
         B, L, _ = h.shape
         H, D = self.n_head, self.d_head
         # Queries come from h itself, not from a slice of the concatenation (which would be copied).
         # Layer norm acts per position, so norming memory and segment apart equals norming the concatenation.
         x = self.layer_norm(h) if self.pre_lnorm else h
-        mem = mem.to(h.dtype)  # a cache stored in lower precision computes in the layer's
-        if mem.size(1):
-            cat = torch.cat([self.layer_norm(mem) if self.pre_lnorm else mem, x], dim=1)
+        if mem_kv is not None:
+            k_x, v_x = self._project_kv(x)
+            k, v = torch.cat([mem_kv[0], k_x], dim=2), torch.cat([mem_kv[1], v_x], dim=2)
         else:
-            cat = x
-        K = cat.size(1)
+            mem = mem.to(h.dtype)  # a cache stored in lower precision computes in the layer's
+            cat = torch.cat([self.layer_norm(mem) if self.pre_lnorm else mem, x], dim=1) if mem.size(1) else x
+            k, v = self._project_kv(cat)
+        K = k.size(2)
         q = self.q_net(x).view(B, L, H, D)
-        k, v = self.kv_net(cat).view(B, K, 2, H, D).permute(2, 0, 3, 1, 4)  # 2 × [B, H, K, D]
         # A zero embedding in front makes the product come out already padded for the shift (no
         # F.pad copy); batching over heads with the B·L queries as rows shares r across the batch.
         r = F.pad(self.r_net(pos_emb), (0, 0, 1, 0)).view(K + 1, H, D).permute(1, 2, 0)  # [H, D, K+1]
@@ -135,7 +143,13 @@ class RelMultiHeadAttention(nn.Module):
             scale=self.scale,
         )  # [B, H, L, D]
         out = self.drop(self.o_net(out.transpose(1, 2).reshape(B, L, H * D)))
-        return h + out if self.pre_lnorm else self.layer_norm(h + out)
+        return (h + out if self.pre_lnorm else self.layer_norm(h + out)), (k, v)
+
+    def _project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values [B, H, T, D] of (already normed) positions [B, T, d]: views of one projection."""
+        B, T, _ = x.shape
+        k, v = self.kv_net(x).view(B, T, 2, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
+        return k, v
 
     def step(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor) -> Tensor:
         """One new position against cached projections (generation): the forward above with L = 1.
@@ -160,10 +174,7 @@ class RelMultiHeadAttention(nn.Module):
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
 
     def project_memory(self, mem: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values [B, H, M, D] of cached layer inputs, computed once when generation starts."""
-        B, M, _ = mem.shape
+        """Keys and values [B, H, M, D] of cached layer inputs (generation, or evaluation's first segment)."""
         mem = mem.to(self.kv_net.weight.dtype)
-        x = self.layer_norm(mem) if self.pre_lnorm else mem
-        k, v = self.kv_net(x).view(B, M, 2, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
-        return k, v
+        return self._project_kv(self.layer_norm(mem) if self.pre_lnorm else mem)
 

@@ -96,13 +96,15 @@ def eval_rate(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup: int, 
     torch.manual_seed(0)
     model = TransformerXL(cfg).eval()
     runner = SegmentRunner(model, token_stream(cfg, batch, tgt_len, 64), tgt_len)
+    kv = None
 
     @torch.no_grad()
     def run() -> None:
+        nonlocal kv
         for _ in range(steps):
             x, y = runner.next_batch()
-            out = model(x, runner.mems, y, return_logits=False)
-            runner.mems = out.mems
+            out = model(x, runner.mems, y, return_logits=False, cache_kv=True, kv=kv)  # as XLLitModule evaluates
+            runner.mems, kv = out.mems, out.kv
 
     return median_rate(run, steps * batch * tgt_len, warmup, repeats)
 
@@ -154,7 +156,7 @@ def attention_ratios(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup
     pos_emb, mask = model._context(L, M, cfg.clamp_len, M if cfg.same_length else None)
     hidden = mask.isinf()
     paths = {
-        "sdpa": lambda: attn(h, mem, pos_emb, mask),
+        "sdpa": lambda: attn(h, mem, pos_emb, mask)[0],
         "explicit": lambda: explicit_attention(attn, h, mem, pos_emb, hidden),
     }
 

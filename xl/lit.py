@@ -106,13 +106,15 @@ class XLLitModule(L.LightningModule):
         self.register_buffer("_nonfinite_total", torch.zeros((), dtype=torch.long), persistent=False)
         self.model = TransformerXL(self.config)
         self.mems: dict[str, list[Tensor] | None] = dict.fromkeys(STAGES)
+        # Evaluation stages also carry their memory's projected keys/values (the weights do not change there).
+        self.kv: dict[str, list[tuple[Tensor, Tensor]] | None] = dict.fromkeys(STAGES)
         # Token-weighted mean NLL per stage; MeanMetric reduces (sum, weight) across ranks exactly.
         # No NaN checks inside the metric: they would wait for the device every step.
         self.train_nll, self.val_nll, self.test_nll = (MeanMetric(nan_strategy="disable") for _ in range(3))
 
     # ---- memory -------------------------------------------------------------------------------
     def reset_memory(self, stage: str) -> None:
-        self.mems[stage] = None
+        self.mems[stage] = self.kv[stage] = None
 
     def memory_for(self, stage: str, batch_rows: int) -> list[Tensor] | None:
         """This stage's memory, or None (empty) if its rows do not match the batch's."""
@@ -122,14 +124,18 @@ class XLLitModule(L.LightningModule):
                 f"{stage} memory holds {mems[0].size(0)} rows but the batch has {batch_rows}; "
                 "the streams changed, so the memory restarts empty"
             )
+            self.reset_memory(stage)
             mems = None
         return mems
 
     def step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
         x, y = batch
+        mems = self.memory_for(stage, x.size(0))
         context = {} if stage == "train" else self.eval_context
-        out = self.model(x, self.memory_for(stage, x.size(0)), targets=y, return_logits=False, **context)
-        self.mems[stage] = out.mems
+        if stage != "train" and not torch.is_grad_enabled():  # Lightning evaluates without gradients
+            context = {**context, "cache_kv": True, "kv": self.kv[stage]}
+        out = self.model(x, mems, targets=y, return_logits=False, **context)
+        self.mems[stage], self.kv[stage] = out.mems, out.kv
         return out.loss
 
     def on_validation_epoch_start(self) -> None:
@@ -218,8 +224,9 @@ class XLLitModule(L.LightningModule):
     def predict_step(self, batch: tuple[Tensor, Tensor] | Tensor, batch_idx: int) -> Tensor:
         """Next-token log-probabilities for each segment, with the memory carried between calls."""
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        out = self.model(x, self.memory_for("predict", x.size(0)), **self.eval_context)
-        self.mems["predict"] = out.mems
+        mems = self.memory_for("predict", x.size(0))
+        out = self.model(x, mems, **self.eval_context, cache_kv=not torch.is_grad_enabled(), kv=self.kv["predict"])
+        self.mems["predict"], self.kv["predict"] = out.mems, out.kv
         return out.logits.log_softmax(-1)
 
     def _log_epoch(self, stage: str) -> None:

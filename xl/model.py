@@ -111,6 +111,7 @@ class XLOutput:
     logits: Tensor | None  # [B, L, vocab]; None when only the loss was asked for
     mems: list[Tensor]  # n_layer tensors [B, mem_len', d_model], detached
     loss: Tensor | None = None  # token mean over targets != ignore_index
+    kv: list[tuple[Tensor, Tensor]] | None = None  # with cache_kv: the new memory's keys/values per layer
 
 
 def update_memory(
@@ -172,8 +173,11 @@ class XLLayer(nn.Module):
         self.attn = RelMultiHeadAttention(cfg.d_model, cfg.n_head, cfg.d_head, cfg.dropout, cfg.dropatt, cfg.pre_lnorm)
         self.ff = FeedForward(cfg.d_model, cfg.d_inner, cfg.dropout, cfg.pre_lnorm)
 
-    def forward(self, h: Tensor, mem: Tensor, pos_emb: Tensor, mask: Tensor) -> Tensor:
-        return self.ff(self.attn(h, mem, pos_emb, mask))
+    def forward(
+        self, h: Tensor, mem: Tensor, pos_emb: Tensor, mask: Tensor, mem_kv: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        h, kv = self.attn(h, mem, pos_emb, mask, mem_kv)
+        return self.ff(h), kv
 
 
 class TransformerXL(nn.Module):
@@ -255,12 +259,19 @@ class TransformerXL(nn.Module):
         same_length: bool | None = None,
         return_logits: bool = True,
         ignore_index: int = -100,
+        cache_kv: bool = False,
+        kv: list[tuple[Tensor, Tensor]] | None = None,
     ) -> XLOutput:
         """Run one segment.
 
         ``mem_len``/``clamp_len``/``same_length`` override the config for this call (evaluation
         with a longer memory, as in the paper). With ``targets`` the token-mean cross-entropy is
         returned; ``return_logits=False`` then frees the logits as soon as the loss is computed.
+
+        ``cache_kv`` (evaluation only: the weights must not change between calls) also returns the new
+        memory's projected keys and values, to pass back as ``kv`` with that memory: each segment then
+        projects only its own positions instead of memory ∘ segment. Exact, since keys and values carry
+        no position. ``kv=None`` with a non-empty memory projects the memory once.
         """
         cfg = self.config
         mem_len = cfg.mem_len if mem_len is None else mem_len
@@ -279,27 +290,39 @@ class TransformerXL(nn.Module):
                     f"memory of shape {tuple(m.shape)} does not fit a batch of {B} rows "
                     f"(expected [{B}, {M}, {cfg.d_model}]); reset the memory with init_mems({B})"
                 )
+        if cache_kv and torch.is_grad_enabled():
+            raise ValueError("cache_kv is for evaluation (under torch.no_grad()): the cached keys and values "
+                             "would be stale after the next optimizer step")
+        if cache_kv and kv is None and M:
+            kv = [layer.attn.project_memory(m) for layer, m in zip(self.layers, mems, strict=True)]
+        if kv is not None and (len(kv) != cfg.n_layer or any(k.size(2) != M for k, _ in kv)):
+            raise ValueError(f"kv must be the {cfg.n_layer} (keys, values) pairs returned with this memory "
+                             f"(each over {M} positions)")
         pos_emb, mask = self._context(L, M, clamp_len, mem_len if same_length else None)
         pos_emb = self.drop(pos_emb)
 
         h = self.drop(self.embed(input_ids) * self.emb_scale)
-        layer_inputs = []
-        for layer, mem in zip(self.layers, mems, strict=True):
+        layer_inputs, new_kv = [], []
+        kept = slice(M + L - min(mem_len, M + L), None)  # the positions the new memory keeps
+        for layer, mem, mem_kv in zip(self.layers, mems, kv or [None] * cfg.n_layer, strict=True):
             layer_inputs.append(h)
-            h = layer(h, mem, pos_emb, mask)
+            h, (k, v) = layer(h, mem, pos_emb, mask, mem_kv)
+            if cache_kv:
+                new_kv.append((k[:, :, kept], v[:, :, kept]))
         new_mems = update_memory(mems, layer_inputs, mem_len, cfg.memory_dtype(layer_inputs[0].dtype))
         hidden = self.drop(self.final_norm(h))
         if cfg.cutoffs:
             # Adaptive softmax: the loss never materialises [B, L, vocab]; the logits only when asked for.
             loss = None if targets is None else self.head.nll(hidden, targets, ignore_index)
             logits = self.head(hidden) if return_logits else None
-            return XLOutput(logits=logits, mems=new_mems, loss=loss)
+            return XLOutput(logits=logits, mems=new_mems, loss=loss, kv=new_kv if cache_kv else None)
         logits = self.head(hidden)
         loss = None
         if targets is not None:
             # bf16/fp16 logits are upcast for the loss; fp32/fp64 stay as they are.
             loss = F.cross_entropy(widen(logits).flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
-        return XLOutput(logits=logits if return_logits else None, mems=new_mems, loss=loss)
+        return XLOutput(logits=logits if return_logits else None, mems=new_mems, loss=loss,
+                        kv=new_kv if cache_kv else None)
 
 
 def count_parameters(config: XLConfig) -> int:
