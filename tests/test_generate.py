@@ -17,10 +17,10 @@ from xl.model import TransformerXL, XLConfig
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def model(pre_lnorm: bool = False, clamp_len: int = -1) -> TransformerXL:
+def model(pre_lnorm: bool = False, clamp_len: int = -1, cutoffs: tuple[int, ...] = ()) -> TransformerXL:
     torch.manual_seed(0)
     cfg = XLConfig(vocab_size=40, n_layer=3, n_head=2, d_model=32, d_head=16, d_inner=64, dropout=0.0,
-                   mem_len=24, pre_lnorm=pre_lnorm, clamp_len=clamp_len)
+                   mem_len=24, pre_lnorm=pre_lnorm, clamp_len=clamp_len, cutoffs=cutoffs, div_val=2)
     return TransformerXL(cfg).double().eval()
 
 
@@ -32,9 +32,10 @@ def greedy_by_recomputation(m: TransformerXL, prompt: torch.Tensor, n: int, clam
     return tokens[:, prompt.size(1):]
 
 
-@pytest.mark.parametrize("pre_lnorm,clamp_len,seg_len", [(False, -1, 4), (True, -1, 7), (False, 5, 32)])
-def test_cached_greedy_equals_full_recomputation(pre_lnorm, clamp_len, seg_len):
-    m = model(pre_lnorm, clamp_len)
+@pytest.mark.parametrize("pre_lnorm,clamp_len,seg_len,cutoffs",
+                         [(False, -1, 4, ()), (True, -1, 7, ()), (False, 5, 32, ()), (False, -1, 5, (10, 25))])
+def test_cached_greedy_equals_full_recomputation(pre_lnorm, clamp_len, seg_len, cutoffs):
+    m = model(pre_lnorm, clamp_len, cutoffs)  # cutoffs: adaptive input and softmax
     prompt = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(1))
     window = 24
     n = window + 1 - prompt.size(1)  # prompt and samples fit inside the memory
