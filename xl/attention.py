@@ -119,13 +119,12 @@ class RelMultiHeadAttention(nn.Module):
         # Queries come from h itself, not from a slice of the concatenation (which would be copied).
         # Layer norm acts per position, so norming memory and segment apart equals norming the concatenation.
         x = self.layer_norm(h) if self.pre_lnorm else h
-        if mem_kv is not None:
-            k_x, v_x = self._project_kv(x)
-            k, v = torch.cat([mem_kv[0], k_x], dim=2), torch.cat([mem_kv[1], v_x], dim=2)
-        else:
-            mem = mem.to(h.dtype)  # a cache stored in lower precision computes in the layer's
-            cat = torch.cat([self.layer_norm(mem) if self.pre_lnorm else mem, x], dim=1) if mem.size(1) else x
-            k, v = self._project_kv(cat)
+        k, v = self._project_kv(x)
+        if mem.size(1):
+            # Projected apart from the segment: the memory needs no input gradient (only the weights'),
+            # and in evaluation its keys/values may come already projected.
+            k_mem, v_mem = self.project_memory(mem) if mem_kv is None else mem_kv
+            k, v = torch.cat([k_mem, k], dim=2), torch.cat([v_mem, v], dim=2)
         K = k.size(2)
         q = self.q_net(x).view(B, L, H, D)
         # A zero embedding in front makes the product come out already padded for the shift (no
@@ -174,7 +173,8 @@ class RelMultiHeadAttention(nn.Module):
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
 
     def project_memory(self, mem: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values [B, H, M, D] of cached layer inputs (generation, or evaluation's first segment)."""
-        mem = mem.to(self.kv_net.weight.dtype)
+        """Keys and values [B, H, M, D] of cached layer inputs (layer norm is per position, so norming the
+        memory apart from the segment equals norming their concatenation)."""
+        mem = mem.to(self.kv_net.weight.dtype)  # a cache stored in lower precision computes in the layer's
         return self._project_kv(self.layer_norm(mem) if self.pre_lnorm else mem)
 
