@@ -121,10 +121,15 @@ def update_memory(
 
     ``dtype``: the storage dtype (default: that of the old memory).
     """
+    new = []
     with torch.no_grad():
-        return [torch.cat([m, h.to(dtype or m.dtype)], dim=1)[:, -mem_len:].detach() if mem_len
-                else m.new_empty(m.size(0), 0, m.size(2), dtype=dtype or m.dtype)
-                for m, h in zip(mems, layer_inputs, strict=True)]
+        for m, h in zip(mems, layer_inputs, strict=True):
+            # Copy only what is kept: the newest positions of h, then as many of m's as still fit.
+            from_h = min(mem_len, h.size(1))
+            from_m = min(mem_len - from_h, m.size(1))
+            parts = [m[:, m.size(1) - from_m:], h[:, h.size(1) - from_h:].to(dtype or m.dtype)]
+            new.append(torch.cat(parts, dim=1).detach())  # a fresh tensor: callers may clean it in place
+    return new
 
 
 def sinusoid(positions: Tensor, d_model: int) -> Tensor:
