@@ -93,3 +93,20 @@ def test_nonfinite_loss_is_skipped_and_its_memory_cleaned(tmp_path, corpus):
         assert torch.equal(before, poison.weights[4][name]), f"{name} changed in the skipped step"
     assert not torch.equal(poison.weights[4]["embed.weight"], poison.weights[5]["embed.weight"])
     assert poison.memory_finite and run.module.nonfinite_total == 1
+
+
+def test_overflow_under_a_grad_scaler_is_left_to_the_scaler():
+    """16-mixed: the GradScaler skips overflowing steps and lowers its scale; they are not faults to count."""
+    from types import SimpleNamespace
+
+    from xl.lit import XLLitModule
+
+    module = XLLitModule(model=dict(vocab_size=16, n_layer=1, n_head=1, d_model=8, d_head=8, d_inner=8, mem_len=4))
+    for p in module.parameters():
+        p.grad = torch.full_like(p, float("inf"))
+    for scaler, skipped in ((object(), 0), (None, 1)):
+        module.trainer = SimpleNamespace(precision_plugin=SimpleNamespace(scaler=scaler))
+        optimizer = SimpleNamespace()
+        module.on_before_optimizer_step(optimizer)
+        assert int(module._nonfinite_total) == skipped
+        assert getattr(optimizer, "found_inf", torch.tensor(0.0)).item() == skipped

@@ -175,7 +175,9 @@ class XLLitModule(L.LightningModule):
         here, so every rank makes the same decision.
         """
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if not grads:
+        if not grads or getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            # 16-mixed: the GradScaler skips overflowing steps itself and lowers its scale; a few in a row at
+            # the start are how it finds the scale, not a fault.
             return
         bad = ~torch.isfinite(torch.nn.utils.get_total_norm(grads))
         optimizer.found_inf = bad.float()
