@@ -28,7 +28,8 @@ def model_flops(cfg: XLConfig, batch: int, tgt_len: int, mem_len: int, train: bo
     Per layer: queries over L positions, keys/values over K = M + L, the relative embeddings projected once
     for the batch, position scores against K + 1 columns (one zero pad), content scores and the weighted sum
     over all K keys (the causal mask is applied, not skipped), output projection and feed-forward. Training
-    is three times the forward, less the input gradient of the position projection (its input is a constant).
+    is three times the forward, less the input gradients nobody needs: of the position projection (its input
+    is a constant) and of the memory's key/value projection (the memory is detached).
     """
     if cfg.cutoffs:
         raise ValueError("model_flops counts the plain softmax head only; set cutoffs=() for the benchmark")
@@ -38,7 +39,8 @@ def model_flops(cfg: XLConfig, batch: int, tgt_len: int, mem_len: int, train: bo
         + 2 * L * inner * d + 2 * 2 * L * d * di
     position_projection = 2 * K * d * inner
     forward = cfg.n_layer * (B * per_row + position_projection) + B * 2 * L * d * cfg.vocab_size
-    return 3 * forward - cfg.n_layer * position_projection if train else forward
+    memory_kv_input_grad = B * 2 * M * 2 * inner * d
+    return 3 * forward - cfg.n_layer * (position_projection + memory_kv_input_grad) if train else forward
 
 
 def peak_tflops(device: torch.device) -> tuple[str, float | None]:
