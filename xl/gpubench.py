@@ -51,8 +51,8 @@ def peak_tflops(device: torch.device) -> tuple[str, float | None]:
     return name, next((peak for key, peak in PEAK_BF16_TFLOPS if key in name), None)
 
 
-def experiment_shape(name: str) -> tuple[dict, int, int, int]:
-    """(XLConfig fields, per-device batch, tgt_len, mem_len) of a conf/experiment overlay."""
+def experiment_shape(name: str) -> tuple[dict, int, int]:
+    """(XLConfig fields with mem_len, per-device batch, tgt_len) of a conf/experiment overlay."""
     from hydra import compose, initialize_config_dir
 
     from xl.build import model_config
@@ -60,7 +60,7 @@ def experiment_shape(name: str) -> tuple[dict, int, int, int]:
     conf = Path(__file__).resolve().parents[1] / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={name}"])
-    return model_config(cfg, 256), cfg.data.batch_size, cfg.data.tgt_len, cfg.memory.mem_len
+    return model_config(cfg, 256), cfg.data.batch_size, cfg.data.tgt_len
 
 
 def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: torch.dtype | None, compile: bool,
@@ -111,7 +111,8 @@ def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: to
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     p = argparse.ArgumentParser(prog="python -m xl.gpubench", description=__doc__.splitlines()[0])
-    p.add_argument("--experiment", default="enwik8_base", help="a conf/experiment config (model, batch, lengths)")
+    p.add_argument("--experiment", default="enwik8_base",
+                   help="a character-level conf/experiment config (model, batch, lengths), with a 256-symbol head")
     p.add_argument("--batch", type=int, help="per-device batch (default: the experiment's)")
     p.add_argument("--precision", choices=("bf16-mixed", "16-mixed", "32-true"), default="bf16-mixed")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--set", metavar="FIELD=VALUE", action="append", default=[],
                    help="override an integer XLConfig field, e.g. --set n_layer=2 (smoke runs)")
     args = p.parse_args(argv)
-    fields, batch, tgt_len, _ = experiment_shape(args.experiment)
+    fields, batch, tgt_len = experiment_shape(args.experiment)
     for item in args.set:
         key, _, value = item.partition("=")
         fields[key] = int(value)
