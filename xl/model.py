@@ -320,14 +320,13 @@ class TransformerXL(nn.Module):
             # Adaptive softmax: the loss never materialises [B, L, vocab]; the logits only when asked for.
             loss = None if targets is None else self.head.nll(hidden, targets, ignore_index)
             logits = self.head(hidden) if return_logits else None
-            return XLOutput(logits=logits, mems=new_mems, loss=loss, kv=new_kv if cache_kv else None)
-        logits = self.head(hidden)
-        loss = None
-        if targets is not None:
+        else:
+            logits = self.head(hidden)
             # bf16/fp16 logits are upcast for the loss; fp32/fp64 stay as they are.
-            loss = F.cross_entropy(widen(logits).flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
-        return XLOutput(logits=logits if return_logits else None, mems=new_mems, loss=loss,
-                        kv=new_kv if cache_kv else None)
+            loss = None if targets is None else F.cross_entropy(
+                widen(logits).flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
+            logits = logits if return_logits else None
+        return XLOutput(logits=logits, mems=new_mems, loss=loss, kv=new_kv if cache_kv else None)
 
 
 def count_parameters(config: XLConfig) -> int:
