@@ -118,9 +118,19 @@ def build_module(cfg: DictConfig, datamodule: Any) -> XLLitModule:
         raise ConfigError(f"invalid model/memory/optim setting: {err}") from err
     compile_cfg = cfg.get("compile") or {}
     if compile_cfg.get("enabled"):
-        # In place (nn.Module.compile): parameter names, hence checkpoints, stay those of the plain model.
-        module.model.compile(mode=compile_cfg.get("mode"), backend=compile_cfg.get("backend", "inductor"))
+        compile_model(module.model, mode=compile_cfg.get("mode"), backend=compile_cfg.get("backend", "inductor"))
     return module
+
+
+def compile_model(model: torch.nn.Module, mode: str | None = None, backend: str = "inductor") -> None:
+    """``torch.compile`` in place (``nn.Module.compile``): parameter names, hence checkpoints, stay the plain model's.
+
+    torch 2.13 (CPU, inductor): with a warm AOTAutograd cache the compiled training graph of this model came
+    back with corrupt view shapes (a failure, or a crash, on every run after the first); with the FX graph
+    cache alone it is correct, so only the autograd cache is turned off.
+    """
+    torch._functorch.config.enable_autograd_cache = False
+    model.compile(mode=mode, backend=backend)
 
 
 def run_identity(cfg: DictConfig) -> tuple[str, str | None]:

@@ -69,7 +69,9 @@ def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: to
     torch.manual_seed(0)
     model = TransformerXL(cfg).to(device).train()
     if compile:
-        model.compile()
+        from xl.build import compile_model
+
+        compile_model(model)
     opt = torch.optim.AdamW(model.parameters(), lr=2.5e-4, fused=True)
     tokens = torch.randint(0, cfg.vocab_size, (batch, tgt_len + 1), device=device)
     x, y = tokens[:, :-1], tokens[:, 1:]
