@@ -160,3 +160,12 @@ def test_training_loss_never_materialises_positions_times_vocabulary():
 def test_invalid_adaptive_settings_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         XLConfig(**{**WORDS, field: value})
+
+
+def test_every_parameter_gets_a_gradient_even_when_a_cluster_has_no_targets():
+    """DDP (without find_unused_parameters) needs every parameter in every step's graph."""
+    model = TransformerXL(XLConfig(**WORDS, div_val=2, tie_weights=False))
+    x = torch.randint(0, V, (2, 6))
+    model(x, targets=torch.zeros(2, 6, dtype=torch.long)).loss.backward()  # every target in the head cluster
+    missing = [name for name, p in model.named_parameters() if p.grad is None]
+    assert missing == []

@@ -79,6 +79,8 @@ class AdaptiveLogSoftmax(nn.Module):
             nn.Linear(w, hi - lo) for lo, hi, w in zip(self.bounds, self.bounds[1:], widths, strict=False)
         )
         self.cluster = nn.Linear(widths[0], n_clusters - 1) if n_clusters > 1 else None
+        # Where each tail cluster starts, kept on the model's device (not rebuilt from a list every step).
+        self.register_buffer("tail_starts", torch.tensor(self.bounds[1:-1], dtype=torch.long), persistent=False)
 
     def tie_to(self, embedding: AdaptiveEmbedding, projections: bool) -> None:
         """Share the word vectors (and, with ``projections``, the projections) with the adaptive input."""
@@ -112,16 +114,15 @@ class AdaptiveLogSoftmax(nn.Module):
         hidden, targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
         valid = targets != ignore_index
         targets = targets.masked_fill(~valid, 0)
-        bounds = torch.tensor(self.bounds[1:-1], device=targets.device)
-        cluster = torch.bucketize(targets, bounds, right=True)  # 0 for the head, i for tail cluster i
+        cluster = torch.bucketize(targets, self.tail_starts, right=True)  # 0 for the head, i for tail cluster i
         head_size = self.bounds[1]
         head_index = torch.where(cluster == 0, targets, head_size + cluster - 1)
         logp = self._scores(hidden, 0).log_softmax(-1).gather(1, head_index[:, None]).squeeze(1)
         for i in range(1, len(self.tables)):
             # Only this cluster's positions: a data-dependent shape, hence one host sync per tail cluster.
+            # Run even with no positions: every parameter then gets a (zero) gradient, which DDP requires.
             rows = ((cluster == i) & valid).nonzero().squeeze(1)
-            if rows.numel():
-                tail = self._scores(hidden[rows], i).log_softmax(-1)
-                word = (targets[rows] - self.bounds[i])[:, None]
-                logp = logp.index_add(0, rows, tail.gather(1, word).squeeze(1))
+            tail = self._scores(hidden[rows], i).log_softmax(-1)
+            word = (targets[rows] - self.bounds[i])[:, None]
+            logp = logp.index_add(0, rows, tail.gather(1, word).squeeze(1))
         return -(logp * valid).sum() / valid.sum()
