@@ -160,9 +160,9 @@ class XLLitModule(L.LightningModule):
         # skips the update (on_before_optimizer_step); the epoch metric leaves it out with weight 0.
         for m in self.mems["train"]:
             m.nan_to_num_(0.0, 0.0, 0.0)
-        finite = torch.isfinite(loss.detach())
-        self.train_nll.update(torch.where(finite, loss.detach(), 0.0), weight=finite * batch[1].numel())
         loss_value = loss.detach()
+        finite = torch.isfinite(loss_value)
+        self.train_nll.update(torch.where(finite, loss_value, 0.0), weight=finite * batch[1].numel())
         self.log_dict({"train/loss": loss_value, f"train/{self.quality_name}": self.quality(loss_value)},
                       on_step=True, prog_bar=True, batch_size=batch[1].size(0))
         return loss
