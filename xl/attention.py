@@ -162,9 +162,7 @@ class RelMultiHeadAttention(nn.Module):
         H, D = self.n_head, self.d_head
         x = self.layer_norm(h) if self.pre_lnorm else h
         q = self.q_net(x).view(B, H, D)
-        k_new, v_new = self.kv_net(x).view(B, 2, H, D).unbind(1)
-        keys[:, :, -1] = k_new
-        values[:, :, -1] = v_new
+        keys[:, :, -1:], values[:, :, -1:] = self._project_kv(x)
         # Heads as the batch of one bmm, r shared by every row (a broadcast matmul would copy r B times).
         pos_scores = torch.bmm((q + self.r_r_bias).transpose(0, 1), r).transpose(0, 1)  # [B, H, M+1]
         out = F.scaled_dot_product_attention((q + self.r_w_bias)[:, :, None], keys, values,

@@ -66,18 +66,16 @@ class IncrementalDecoder:
     @torch.no_grad()
     def prefill(self, tokens: Tensor, seg_len: int) -> Tensor:
         """Read ``tokens`` [B, T] segment by segment (memory ``window``); return the last position's logits."""
-        model, mems, logits = self.model, None, None
+        mems, kv, logits = None, None, None
         for start in range(0, tokens.size(1), seg_len):
-            out = model(tokens[:, start:start + seg_len], mems, mem_len=self.window)
-            mems, logits = out.mems, out.logits[:, -1]
-        # The cache must hold the last `window` positions, but each memory holds at most `window` and the
-        # last segment's own positions are in it only if they fit: rebuild from the memories.
+            out = self.model(tokens[:, start:start + seg_len], mems, mem_len=self.window, cache_kv=True, kv=kv)
+            mems, kv, logits = out.mems, out.kv, out.logits[:, -1]
+        # The cache starts as the final memory's keys and values (the last `window` positions read).
         self.start = self.end = 0
-        for n, (layer, mem) in enumerate(zip(model.layers, mems, strict=True)):
-            k, v = layer.attn.project_memory(mem)
+        for n, (k, v) in enumerate(kv):
             self.k_buf[n][:, :, :k.size(2)] = k
             self.v_buf[n][:, :, :v.size(2)] = v
-        self._advance(mems[0].size(1))
+        self._advance(kv[0][0].size(2))
         return logits
 
     @torch.no_grad()
