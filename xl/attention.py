@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xl.dropout import Dropout
+
 
 def rel_shift(scores: Tensor) -> Tensor:
     """Turn position scores indexed by distance into scores indexed by key.
@@ -63,23 +65,6 @@ class PositionBias(torch.autograd.Function):
         grad_padded.view(*lead, q_len * k_len)[..., :q_len].zero_()  # the pad column: no score reads it
         torch.mul(grad, ctx.scale, out=shift_padded(grad_padded))
         return grad_padded, None, None
-
-
-class Dropout(nn.Dropout):
-    """``nn.Dropout`` with a mask drawn as ``uniform >= p`` instead of ``bernoulli_``.
-
-    Same distribution (keep with probability 1-p, scale by 1/(1-p)), but on CPU (torch 2.13)
-    ``F.dropout`` costs ~5x a uniform draw plus a multiply, which made dropout a quarter of a
-    training step. The mask is drawn in float32 at least, so low-precision inputs keep the exact p.
-    """
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        if self.p == 1.0:
-            return x * 0.0
-        keep = torch.rand(x.shape, dtype=torch.promote_types(x.dtype, torch.float32), device=x.device).ge_(self.p)
-        return x * keep.mul_(1.0 / (1.0 - self.p)).to(x.dtype)
 
 
 class RelMultiHeadAttention(nn.Module):

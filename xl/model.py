@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xl.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
-from xl.attention import Dropout, RelMultiHeadAttention
+from xl.attention import RelMultiHeadAttention
+from xl.dropout import Dropout
 
 CONTEXT_CACHE_SIZE = 16  # position tables and masks kept per model, least recently used dropped first
 MEM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

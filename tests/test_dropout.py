@@ -1,0 +1,65 @@
+"""The integer-bit dropout mask has the distribution of ``nn.Dropout``'s."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from xl.dropout import Dropout, keep_mask
+
+N = 2_000_001  # odd: the last 64-bit draw is only half used
+
+
+@pytest.mark.parametrize("p", [0.01, 0.1, 0.5, 0.9])
+def test_keep_fraction_and_values(p):
+    torch.manual_seed(0)
+    mask = keep_mask((N,), p, torch.float32, torch.device("cpu"))
+    kept = mask != 0
+    values = mask.unique()
+    assert values.numel() == 2 and values[0] == 0.0
+    assert values[1].item() == pytest.approx(1.0 / (1.0 - p), rel=1e-7)
+    sigma = math.sqrt(p * (1 - p) / (N / 2))
+    # Both 32-bit halves of each 64-bit draw (a half that never set its sign bit would keep everything).
+    for half in (kept[0::2], kept[1::2]):
+        assert abs(half.double().mean().item() - (1 - p)) < 5 * sigma
+
+
+def test_neighbours_are_independent():
+    torch.manual_seed(1)
+    kept = (keep_mask((N - 1,), 0.5, torch.float32, torch.device("cpu")) != 0).double()
+    even, odd = kept[0::2], kept[1::2]  # the two halves of one draw
+    corr = torch.corrcoef(torch.stack([even, odd]))[0, 1].item()
+    assert abs(corr) < 5 / math.sqrt(even.numel())
+    shifted = torch.corrcoef(torch.stack([odd[:-1], even[1:]]))[0, 1].item()  # across draws
+    assert abs(shifted) < 5 / math.sqrt(even.numel())
+
+
+def test_seeded_and_shaped():
+    shape = (3, 5, 7)
+    torch.manual_seed(3)
+    a = keep_mask(shape, 0.2, torch.bfloat16, torch.device("cpu"))
+    torch.manual_seed(3)
+    b = keep_mask(shape, 0.2, torch.bfloat16, torch.device("cpu"))
+    assert a.shape == shape and a.dtype == torch.bfloat16
+    assert torch.equal(a, b)
+
+
+def test_module_scales_kept_values_and_gradient_is_the_mask():
+    drop = Dropout(0.25)
+    x = torch.randn(64, 300, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(4)
+    y = drop(x)
+    kept = y != 0
+    torch.testing.assert_close(y[kept], x[kept] / 0.75)
+    y.backward(torch.ones_like(y))
+    torch.testing.assert_close(x.grad, kept.double() / 0.75)
+    assert 0.7 < kept.double().mean().item() < 0.8
+
+
+def test_module_is_identity_when_off():
+    x = torch.randn(4, 8)
+    assert Dropout(0.5).eval()(x) is x
+    assert Dropout(0.0)(x) is x
+    assert torch.equal(Dropout(1.0)(x), torch.zeros_like(x))
