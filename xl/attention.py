@@ -8,7 +8,8 @@ term (a)+(c) is content, (b)+(d) is position. Keys and values carry no position 
 states stay valid wherever they sit. The content term runs inside
 ``scaled_dot_product_attention``; the position term is computed once per layer as a [L, M+L]
 matrix, shifted so that each query sees its distance to every key, and handed to SDPA as an
-additive mask together with the causal mask.
+additive mask together with the causal mask. Training on CPU, where SDPA has no kernel that returns
+that mask's gradient, runs the same math through :class:`TrainingAttentionCPU` instead.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xl.dropout import Dropout
+from xl.dropout import Dropout, keep_mask
 
 
 def rel_shift(scores: Tensor) -> Tensor:
@@ -44,13 +45,21 @@ def shift_padded(padded: Tensor) -> Tensor:
     return padded.view(*lead, k_len, q_len)[..., 1:, :].view(*lead, q_len, k_len - 1)
 
 
-class PositionBias(torch.autograd.Function):
-    """``mask + scale · shift_padded(pos_padded)``: the additive bias handed to the attention.
+def shifted_grad(grad: Tensor, scale: float, shape: torch.Size, stride: tuple[int, ...]) -> Tensor:
+    """The gradient of ``scale · shift_padded(padded)`` for a ``padded`` of this shape and stride.
 
-    Autograd through the views of :func:`shift_padded` would build the gradient as zeros of the
-    padded shape, copy into it, and copy again into the layout of the matmul that made the scores
-    (3 passes over a [B, H, L, K+1] tensor); here it is one pass into that layout directly.
+    One pass, straight into the layout of the matmul that made the padded scores (autograd through the
+    views would build zeros of the padded shape, copy into them, then copy again into that layout).
     """
+    *lead, q_len, k_len = shape
+    grad_padded = grad.new_empty(shape).as_strided(shape, stride)
+    grad_padded.view(*lead, q_len * k_len)[..., :q_len].zero_()  # the pad column: no score reads it
+    torch.mul(grad, scale, out=shift_padded(grad_padded))
+    return grad_padded
+
+
+class PositionBias(torch.autograd.Function):
+    """``mask + scale · shift_padded(pos_padded)``: the additive bias handed to SDPA."""
 
     @staticmethod
     def forward(ctx, pos_padded: Tensor, mask: Tensor, scale: float) -> Tensor:
@@ -60,11 +69,46 @@ class PositionBias(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
-        *lead, q_len, k_len = ctx.shape
-        grad_padded = grad.new_empty(ctx.shape).as_strided(ctx.shape, ctx.stride)
-        grad_padded.view(*lead, q_len * k_len)[..., :q_len].zero_()  # the pad column: no score reads it
-        torch.mul(grad, ctx.scale, out=shift_padded(grad_padded))
-        return grad_padded, None, None
+        return shifted_grad(grad, ctx.scale, ctx.shape, ctx.stride), None, None
+
+
+class TrainingAttentionCPU(torch.autograd.Function):
+    """``softmax(scale · (q_w kᵀ + shift_padded(pos_padded)) + mask) · v``, backward written by hand.
+
+    SDPA has no CPU kernel that returns the additive mask's gradient, so for training on CPU it runs its
+    math fallback: a scaled copy of q and k, the bias added as one more tensor, then three passes over
+    the [B, H, L, K] scores looking for fully hidden rows (none here: every query sees itself), and their
+    backward. This is the same math with the position term and the mask added in place and the
+    scores' gradient written once, into the layout of the position product. ``drop`` is the attention
+    dropout's mask (0 or 1/(1-p)) or None.
+    """
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cpu")
+    def forward(ctx, q_w: Tensor, k: Tensor, v: Tensor, pos_padded: Tensor, mask: Tensor, scale: float,
+                drop: Tensor | None) -> Tensor:
+        scores = torch.matmul(q_w, k.transpose(-1, -2)).add_(shift_padded(pos_padded))
+        scores = torch.add(mask.to(scores.dtype), scores, alpha=scale, out=scores)
+        probs = scores.softmax(-1)
+        ctx.save_for_backward(q_w, k, v, probs, drop)
+        ctx.scale, ctx.shape, ctx.stride = scale, pos_padded.shape, pos_padded.stride()
+        return torch.matmul(probs if drop is None else probs * drop, v)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cpu")
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q_w, k, v, probs, drop = ctx.saved_tensors
+        grad_weights = torch.matmul(grad, v.transpose(-1, -2))
+        weights = probs if drop is None else probs * drop
+        if drop is not None:
+            grad_weights.mul_(drop)
+        grad_v = torch.matmul(weights.transpose(-1, -2), grad)
+        grad_scores = torch._softmax_backward_data(grad_weights, probs, -1, probs.dtype)  # before the scale
+        grad_q = torch.matmul(grad_scores, k).mul_(ctx.scale)
+        grad_k = torch.matmul(grad_scores.transpose(-1, -2), q_w).mul_(ctx.scale)
+        grad_pos = shifted_grad(grad_scores, ctx.scale, ctx.shape, ctx.stride)
+        return grad_q, grad_k, grad_v, grad_pos, None, None, None
 
 
 class RelMultiHeadAttention(nn.Module):
@@ -117,15 +161,13 @@ class RelMultiHeadAttention(nn.Module):
         r = F.pad(self.r_net(pos_emb), (0, 0, 1, 0)).view(K + 1, H, D).permute(1, 2, 0)  # [H, D, K+1]
         qv = (q + self.r_r_bias).view(B * L, H, D).transpose(0, 1)  # [H, B·L, D], a view
         pos_scores = torch.bmm(qv, r).view(H, B, L, K + 1).transpose(0, 1)  # [B, H, L, K+1]
-        bias = PositionBias.apply(pos_scores, mask, self.scale)
-        out = F.scaled_dot_product_attention(
-            (q + self.r_w_bias).transpose(1, 2),
-            k,
-            v,
-            attn_mask=bias,
-            dropout_p=self.dropatt if self.training else 0.0,
-            scale=self.scale,
-        )  # [B, H, L, D]
+        q_w, dropatt = (q + self.r_w_bias).transpose(1, 2), self.dropatt if self.training else 0.0
+        if pos_scores.requires_grad and h.device.type == "cpu":
+            drop = keep_mask(pos_scores.shape[:-1] + (K,), dropatt, pos_scores.dtype, h.device) if dropatt else None
+            out = TrainingAttentionCPU.apply(q_w, k, v, pos_scores, mask, self.scale, drop)
+        else:
+            bias = PositionBias.apply(pos_scores, mask, self.scale)
+            out = F.scaled_dot_product_attention(q_w, k, v, attn_mask=bias, dropout_p=dropatt, scale=self.scale)
         out = self.drop(self.o_net(out.transpose(1, 2).reshape(B, L, H * D)))
         return (h + out if self.pre_lnorm else self.layer_norm(h + out)), (k, v)
 
