@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from xl.dropout import Dropout, keep_mask
+from xl.dropout import Dropout, dropped_positions, keep_mask
 
 N = 2_000_001  # odd: the last 64-bit draw is only half used
 
@@ -26,9 +26,10 @@ def test_keep_fraction_and_values(p):
         assert abs(half.double().mean().item() - (1 - p)) < 5 * sigma
 
 
-def test_neighbours_are_independent():
+@pytest.mark.parametrize("p", [0.1, 0.5])  # the gap draw and the integer draw
+def test_neighbours_are_independent(p):
     torch.manual_seed(1)
-    kept = (keep_mask((N - 1,), 0.5, torch.float32, torch.device("cpu")) != 0).double()
+    kept = (keep_mask((N - 1,), p, torch.float32, torch.device("cpu")) != 0).double()
     even, odd = kept[0::2], kept[1::2]  # the two halves of one draw
     corr = torch.corrcoef(torch.stack([even, odd]))[0, 1].item()
     assert abs(corr) < 5 / math.sqrt(even.numel())
@@ -63,3 +64,25 @@ def test_module_is_identity_when_off():
     assert Dropout(0.5).eval()(x) is x
     assert Dropout(0.0)(x) is x
     assert torch.equal(Dropout(1.0)(x), torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("chunk", [None, 7])  # 7: many rounds of gaps before passing n
+def test_dropped_positions_are_a_bernoulli_sequence(chunk):
+    torch.manual_seed(5)
+    n, p = 400_000, 0.1
+    positions = dropped_positions(n, p, chunk)
+    assert positions.dtype == torch.int64 and bool((positions.diff() > 0).all())
+    assert 0 <= positions.min() and positions.max() < n
+    sigma = math.sqrt(n * p * (1 - p))
+    assert abs(positions.numel() - n * p) < 5 * sigma
+    # Gaps between drops are Geometric(p): P(gap = g) = (1-p)^(g-1) p.
+    gaps = positions.diff()
+    for g in (1, 2, 5, 10):
+        expected = (1 - p) ** (g - 1) * p
+        share = (gaps == g).double().mean().item()
+        assert abs(share - expected) < 5 * math.sqrt(expected * (1 - expected) / gaps.numel())
+    # Every index, the first and the last included, is dropped with probability p.
+    hits = torch.zeros(10)
+    for _ in range(3000):
+        hits[dropped_positions(10, p, chunk)] += 1
+    assert ((hits / 3000 - p).abs() < 5 * math.sqrt(p * (1 - p) / 3000)).all()
