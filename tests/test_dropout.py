@@ -47,16 +47,28 @@ def test_seeded_and_shaped():
     assert torch.equal(a, b)
 
 
-def test_module_scales_kept_values_and_gradient_is_the_mask():
-    drop = Dropout(0.25)
-    x = torch.randn(64, 300, dtype=torch.float64, requires_grad=True)
+@pytest.mark.parametrize("p", [0.1, 0.25])  # the gap draw, and the integer draw
+@pytest.mark.parametrize("transposed", [False, True])
+def test_module_scales_kept_values_and_gradient_is_the_mask(p, transposed):
+    drop = Dropout(p)
+    x = torch.randn(300, 64, dtype=torch.float64).requires_grad_()
     torch.manual_seed(4)
-    y = drop(x)
+    y = drop(x.t() if transposed else x)
     kept = y != 0
-    torch.testing.assert_close(y[kept], x[kept] / 0.75)
-    y.backward(torch.ones_like(y))
-    torch.testing.assert_close(x.grad, kept.double() / 0.75)
-    assert 0.7 < kept.double().mean().item() < 0.8
+    torch.testing.assert_close(y[kept], (x.t() if transposed else x)[kept] / (1 - p))
+    out_grad = torch.randn(y.shape, dtype=torch.float64)
+    y.backward(out_grad)
+    grad = (out_grad * kept / (1 - p))
+    torch.testing.assert_close(x.grad, grad.t() if transposed else grad)
+    assert abs(kept.double().mean().item() - (1 - p)) < 0.02
+
+
+def test_module_keeps_low_precision():
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    for p in (0.1, 0.5):
+        y = Dropout(p)(x)
+        assert y.dtype == torch.bfloat16
+        torch.testing.assert_close(y[y != 0], (x[y != 0].float() / (1 - p)).bfloat16())
 
 
 def test_module_is_identity_when_off():
