@@ -39,7 +39,7 @@ def dropped_positions(n: int, p: float, chunk: int | None = None) -> Tensor:
         positions = gaps.cumsum_(0).add_(last)
         chunks.append(positions)
         last = positions[-1].item()
-    positions = torch.cat(chunks)
+    positions = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
     return positions[: torch.searchsorted(positions, float(n))].long()
 
 
