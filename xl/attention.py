@@ -182,8 +182,8 @@ class RelMultiHeadAttention(nn.Module):
 
         h: [B, 1, d] layer input; keys, values: [B, H, M+1, D] views of the cache whose last slot is free:
         this writes h's key and value there (cached ones carry no position, so they stay valid as the
-        window slides); r: [H, D, M+1] projected embeddings of distances M .. 0. A single query may see
-        every key: no mask, no shift.
+        window slides); r: [H, D, M+1] projected embeddings of distances M .. 0, already multiplied by
+        ``self.scale``. A single query may see every key: no mask, no shift.
         """
         B = h.size(0)
         H, D = self.n_head, self.d_head
@@ -193,7 +193,7 @@ class RelMultiHeadAttention(nn.Module):
         # Heads as the batch of one bmm, r shared by every row (a broadcast matmul would copy r B times).
         pos_scores = torch.bmm((q + self.r_r_bias).transpose(0, 1), r).transpose(0, 1)  # [B, H, M+1]
         out = F.scaled_dot_product_attention((q + self.r_w_bias)[:, :, None], keys, values,
-                                             attn_mask=pos_scores[:, :, None] * self.scale, scale=self.scale)
+                                             attn_mask=pos_scores[:, :, None], scale=self.scale)
         out = self.o_net(out.reshape(B, 1, H * D))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
 

@@ -42,8 +42,9 @@ class IncrementalDecoder:
         pos_emb = sinusoid(distances, cfg.d_model).to(p.dtype)
         with torch.no_grad():
             # [H, D, W+1] per layer; a step with M cached keys uses the last M+1 columns (distances M .. 0).
-            self.r = [layer.attn.r_net(pos_emb).view(window + 1, cfg.n_head, cfg.d_head).permute(1, 2, 0)
-                      for layer in model.layers]
+            # Multiplied by the attention scale once here, so that no step scales its position scores.
+            self.r = [(layer.attn.r_net(pos_emb) * layer.attn.scale).view(window + 1, cfg.n_head, cfg.d_head)
+                      .permute(1, 2, 0) for layer in model.layers]
         # Keys/values live in buffers twice the window long: appending writes in place, and only when a
         # buffer is full is its window moved back to the front (once every `window` steps).
         shape = (batch_size, cfg.n_head, 2 * window, cfg.d_head)
