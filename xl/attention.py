@@ -177,25 +177,32 @@ class RelMultiHeadAttention(nn.Module):
         k, v = self.kv_net(x).view(B, T, 2, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
         return k, v
 
-    def step(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor) -> Tensor:
+    def step(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor, qkv_weight: Tensor) -> Tensor:
         """One new position against cached projections (generation): the forward above with L = 1.
 
         h: [B, 1, d] layer input; keys, values: [B, H, M+1, D] views of the cache whose last slot is free:
         this writes h's key and value there (cached ones carry no position, so they stay valid as the
         window slides); r: [H, D, M+1] projected embeddings of distances M .. 0, already multiplied by
-        ``self.scale``. A single query may see every key: no mask, no shift.
+        ``self.scale``; qkv_weight: :meth:`qkv_weight` (one product for query, key and value: with a few
+        rows a step is bound by reading weights, and one larger product reads them faster than two).
+        A single query may see every key: no mask, no shift.
         """
         B = h.size(0)
         H, D = self.n_head, self.d_head
         x = self.layer_norm(h) if self.pre_lnorm else h
-        q = self.q_net(x).view(B, H, D)
-        keys[:, :, -1:], values[:, :, -1:] = self._project_kv(x)
+        qkv = F.linear(x.view(B, -1), qkv_weight).view(B, 3, H, D)
+        q = qkv[:, 0]
+        keys[:, :, -1], values[:, :, -1] = qkv[:, 1], qkv[:, 2]
         # Heads as the batch of one bmm, r shared by every row (a broadcast matmul would copy r B times).
         pos_scores = torch.bmm((q + self.r_r_bias).transpose(0, 1), r).transpose(0, 1)  # [B, H, M+1]
         out = F.scaled_dot_product_attention((q + self.r_w_bias)[:, :, None], keys, values,
                                              attn_mask=pos_scores[:, :, None], scale=self.scale)
         out = self.o_net(out.reshape(B, 1, H * D))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
+
+    def qkv_weight(self) -> Tensor:
+        """The query projection's weight stacked on the key/value projection's: [3·H·D, d], a copy."""
+        return torch.cat([self.q_net.weight, self.kv_net.weight]).detach()
 
     def project_memory(self, mem: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values [B, H, M, D] of cached layer inputs (layer norm is per position, so norming the

@@ -28,7 +28,9 @@ log = logging.getLogger("generate")
 
 
 class IncrementalDecoder:
-    """Keys/values of the last ``window`` positions and the projected relative embeddings, per layer."""
+    """Keys/values of the last ``window`` positions, the projected relative embeddings and the stacked
+    query/key/value weight, per layer. All are computed from the weights at construction: build a new
+    decoder after changing them."""
 
     def __init__(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int = -1) -> None:
         check_context(window, clamp_len, False)
@@ -45,6 +47,7 @@ class IncrementalDecoder:
             # Multiplied by the attention scale once here, so that no step scales its position scores.
             self.r = [(layer.attn.r_net(pos_emb) * layer.attn.scale).view(window + 1, cfg.n_head, cfg.d_head)
                       .permute(1, 2, 0) for layer in model.layers]
+            self.qkv_weight = [layer.attn.qkv_weight() for layer in model.layers]
         # Keys/values live in buffers twice the window long: appending writes in place, and only when a
         # buffer is full is its window moved back to the front (once every `window` steps).
         shape = (batch_size, cfg.n_head, 2 * window, cfg.d_head)
@@ -88,8 +91,8 @@ class IncrementalDecoder:
         m, window = self.end - self.start, slice(self.start, self.end + 1)  # the cache plus the new slot
         for n, layer in enumerate(model.layers):
             h = layer.attn.step(h, self.k_buf[n][:, :, window], self.v_buf[n][:, :, window],
-                                self.r[n][..., self.window - m:])
-            h = layer.ff(h)
+                                self.r[n][..., self.window - m:], self.qkv_weight[n])
+            h = layer.ff.step(h)
         self._advance(1)
         return model.head(model.final_norm(h))[:, -1]
 
