@@ -115,13 +115,16 @@ def test_training_attention_gradients_match_reference(pre_lnorm, clamp_len, wind
         torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-10)
 
 
-def test_training_attention_backward_with_attention_dropout():
-    """The hand-written backward, attention dropout included, against finite differences."""
+@pytest.mark.parametrize(("B", "heads_outer"), [(2, True), (2, False), (1, True)])
+def test_training_attention_backward_with_attention_dropout(B, heads_outer):
+    """The hand-written backward, attention dropout included, against finite differences; position scores
+    in the bmm's layout (heads outermost) and in plain [B, H, L, K] order."""
     torch.manual_seed(0)
-    B, H, L, M, D = 2, 2, 4, 3, 5
+    H, L, M, D = 2, 4, 3, 5
     q_w = torch.randn(B, L, H, D, dtype=torch.float64).transpose(1, 2).requires_grad_()
     k, v = (torch.randn(B, H, M + L, D, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    pos = torch.randn(H, B, L, M + L + 1, dtype=torch.float64).transpose(0, 1).requires_grad_()  # the bmm's layout
+    pos = (torch.randn(H, B, L, M + L, dtype=torch.float64).transpose(0, 1) if heads_outer
+           else torch.randn(B, H, L, M + L, dtype=torch.float64)).requires_grad_()
     mask = attention_mask(L, M, None, torch.device("cpu")).double()
     drop = keep_mask((B, H, L, M + L), 0.3, torch.float64, torch.device("cpu"))
     assert torch.autograd.gradcheck(

@@ -24,56 +24,57 @@ from xl.dropout import Dropout, keep_mask
 
 
 def rel_shift(scores: Tensor) -> Tensor:
-    """Turn position scores indexed by distance into scores indexed by key.
+    """Turn position scores indexed by distance into scores indexed by key: a view, no copy.
 
-    ``scores[..., i, k]`` is query i against the relative embedding of distance ``K-1-k``
-    (embeddings ordered from the farthest distance to 0). Query i sits at key position
-    ``K-L+i``, so key j is at distance ``K-L+i-j``, found at ``k = j + L-1-i``: row i moves
-    left by ``L-1-i``. Zero-pad one column, reinterpret the rows, drop the first: one copy,
-    no gather. Entries with ``j > K-L+i`` (the future) hold junk and must be masked.
+    ``scores[..., i, k]`` is query i against the relative embedding of distance ``K-1-k`` (embeddings
+    ordered from the farthest distance to 0). Query i sits at key position ``K-L+i``, so key j is at
+    distance ``K-L+i-j``, found at ``k = j + L-1-i``: row i moves left by ``L-1-i``, which is the same
+    storage read with a row step one less than the rows' stride. Entries with ``j > K-L+i`` (the future)
+    read on into the row's padding or the next row, and must be masked. Rows may be longer than K (the
+    last dim must be contiguous); with at least one spare element per row, no two entries of the view
+    share an element, so it can be written through (:func:`shifted_grad`).
     """
-    return shift_padded(F.pad(scores, (1, 0)))
+    *lead, q_len, k_len = scores.shape
+    *lead_stride, row, col = scores.stride()
+    if col != 1 or row < k_len or k_len < q_len:
+        raise ValueError(f"rel_shift needs [..., L, K] scores with contiguous rows and K >= L, got {scores.shape}")
+    return scores.as_strided(scores.shape, (*lead_stride, row - 1, 1), scores.storage_offset() + q_len - 1)
 
 
-def shift_padded(padded: Tensor) -> Tensor:
-    """:func:`rel_shift` of scores that already carry the zero column in front, ``[..., L, K+1]``.
+def shifted_grad(grad: Tensor, scale: float, stride: tuple[int, ...]) -> Tensor:
+    """The gradient of ``scale · rel_shift(scores)`` for ``scores`` with this stride (contiguous rows).
 
-    Only views: the rows of each ``[L, K+1]`` block are reinterpreted as ``[K+1, L]``, the first
-    row dropped and the rest read as ``[L, K]``. The last two dims must be contiguous.
+    One pass, into rows one element longer than the scores' so that the shift's entries land on distinct
+    elements, in the scores' order of dimensions (the layout the matmul that made them wants back);
+    returned as the [..., L, K] view of it. Autograd through the views would instead build zeros of the
+    scores' shape, scatter into them and copy again into that layout. Entries of ``grad`` that the mask
+    hides are zero (softmax gives them no weight), so writing them is harmless.
     """
-    *lead, q_len, k_len = padded.shape
-    return padded.view(*lead, k_len, q_len)[..., 1:, :].view(*lead, q_len, k_len - 1)
-
-
-def shifted_grad(grad: Tensor, scale: float, shape: torch.Size, stride: tuple[int, ...]) -> Tensor:
-    """The gradient of ``scale · shift_padded(padded)`` for a ``padded`` of this shape and stride.
-
-    One pass, straight into the layout of the matmul that made the padded scores (autograd through the
-    views would build zeros of the padded shape, copy into them, then copy again into that layout).
-    """
-    *lead, q_len, k_len = shape
-    grad_padded = grad.new_empty(shape).as_strided(shape, stride)
-    grad_padded.view(*lead, q_len * k_len)[..., :q_len].zero_()  # the pad column: no score reads it
-    torch.mul(grad, scale, out=shift_padded(grad_padded))
-    return grad_padded
+    *lead, q_len, k_len = grad.shape
+    order = sorted(range(len(lead)), key=lambda d: stride[d], reverse=True)  # the scores' dims, outermost first
+    padded = grad.new_empty([lead[d] for d in order] + [q_len, k_len + 1])
+    rows = padded.permute(*(order.index(d) for d in range(len(lead))), -2, -1)[..., :k_len]
+    rows[..., 0, : q_len - 1].zero_()  # distances beyond the first query's reach: no entry of the shift lands there
+    torch.mul(grad, scale, out=rel_shift(rows))
+    return rows
 
 
 class PositionBias(torch.autograd.Function):
-    """``mask + scale · shift_padded(pos_padded)``: the additive bias handed to SDPA."""
+    """``mask + scale · rel_shift(pos_scores)``: the additive bias handed to SDPA."""
 
     @staticmethod
-    def forward(ctx, pos_padded: Tensor, mask: Tensor, scale: float) -> Tensor:
-        ctx.scale, ctx.shape, ctx.stride = scale, pos_padded.shape, pos_padded.stride()
-        return torch.add(mask.to(pos_padded.dtype), shift_padded(pos_padded), alpha=scale)
+    def forward(ctx, pos_scores: Tensor, mask: Tensor, scale: float) -> Tensor:
+        ctx.scale, ctx.stride = scale, pos_scores.stride()
+        return torch.add(mask.to(pos_scores.dtype), rel_shift(pos_scores), alpha=scale)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
-        return shifted_grad(grad, ctx.scale, ctx.shape, ctx.stride), None, None
+        return shifted_grad(grad, ctx.scale, ctx.stride), None, None
 
 
 class TrainingAttentionCPU(torch.autograd.Function):
-    """``softmax(scale · (q_w kᵀ + shift_padded(pos_padded)) + mask) · v``, backward written by hand.
+    """``softmax(scale · (q_w kᵀ + rel_shift(pos_scores)) + mask) · v``, backward written by hand.
 
     SDPA has no CPU kernel that returns the additive mask's gradient, so for training on CPU it runs its
     math fallback: a scaled copy of q and k, the bias added as one more tensor, then three passes over
@@ -85,13 +86,13 @@ class TrainingAttentionCPU(torch.autograd.Function):
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu")
-    def forward(ctx, q_w: Tensor, k: Tensor, v: Tensor, pos_padded: Tensor, mask: Tensor, scale: float,
+    def forward(ctx, q_w: Tensor, k: Tensor, v: Tensor, pos_scores: Tensor, mask: Tensor, scale: float,
                 drop: Tensor | None) -> Tensor:
-        scores = torch.matmul(q_w, k.transpose(-1, -2)).add_(shift_padded(pos_padded))
+        scores = torch.matmul(q_w, k.transpose(-1, -2)).add_(rel_shift(pos_scores))
         scores = torch.add(mask.to(scores.dtype), scores, alpha=scale, out=scores)
         probs = scores.softmax(-1)
         ctx.save_for_backward(q_w, k, v, probs, drop)
-        ctx.scale, ctx.shape, ctx.stride = scale, pos_padded.shape, pos_padded.stride()
+        ctx.scale, ctx.stride = scale, pos_scores.stride()
         return torch.matmul(probs if drop is None else probs * drop, v)
 
     @staticmethod
@@ -107,7 +108,7 @@ class TrainingAttentionCPU(torch.autograd.Function):
         grad_scores = torch._softmax_backward_data(grad_weights, probs, -1, probs.dtype)  # before the scale
         grad_q = torch.matmul(grad_scores, k).mul_(ctx.scale)
         grad_k = torch.matmul(grad_scores.transpose(-1, -2), q_w).mul_(ctx.scale)
-        grad_pos = shifted_grad(grad_scores, ctx.scale, ctx.shape, ctx.stride)
+        grad_pos = shifted_grad(grad_scores, ctx.scale, ctx.stride)
         return grad_q, grad_k, grad_v, grad_pos, None, None, None
 
 
@@ -156,11 +157,10 @@ class RelMultiHeadAttention(nn.Module):
             k, v = torch.cat([k_mem, k], dim=2), torch.cat([v_mem, v], dim=2)
         K = k.size(2)
         q = self.q_net(x).view(B, L, H, D)
-        # A zero embedding in front makes the product come out already padded for the shift (no
-        # F.pad copy); batching over heads with the B·L queries as rows shares r across the batch.
-        r = F.pad(self.r_net(pos_emb), (0, 0, 1, 0)).view(K + 1, H, D).permute(1, 2, 0)  # [H, D, K+1]
+        # Batching over heads with the B·L queries as rows shares r across the batch.
+        r = self.r_net(pos_emb).view(K, H, D).permute(1, 2, 0)  # [H, D, K]
         qv = (q + self.r_r_bias).view(B * L, H, D).transpose(0, 1)  # [H, B·L, D], a view
-        pos_scores = torch.bmm(qv, r).view(H, B, L, K + 1).transpose(0, 1)  # [B, H, L, K+1]
+        pos_scores = torch.bmm(qv, r).view(H, B, L, K).transpose(0, 1)  # [B, H, L, K], shifted inside
         q_w, dropatt = (q + self.r_w_bias).transpose(1, 2), self.dropatt if self.training else 0.0
         if pos_scores.requires_grad and h.device.type == "cpu":
             drop = keep_mask(pos_scores.shape[:-1] + (K,), dropatt, pos_scores.dtype, h.device) if dropatt else None
