@@ -83,6 +83,24 @@ def test_rel_shift_equals_naive_position_scores(m_len, clamp_len):
 
 
 @pytest.mark.parametrize("pre_lnorm", [False, True])
+def test_feed_forward_equals_its_sequential(pre_lnorm):
+    """The feed-forward runs its layers by hand (ReLU in place): values and every gradient equal running the
+    ``nn.Sequential`` it holds."""
+    ff = make_model(pre_lnorm=pre_lnorm).train().layers[0].ff  # dropout 0: train mode is deterministic
+    h = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+    grad_out = torch.randn(2, 5, 16, dtype=torch.float64)
+    results = []
+    for run in (ff, lambda x: ff._residual(x, ff.net(ff.layer_norm(x) if pre_lnorm else x))):
+        ff.zero_grad()
+        h.grad = None
+        out = run(h)
+        out.backward(grad_out)
+        results.append([out, h.grad] + [p.grad for p in ff.parameters()])
+    for fast, slow in zip(*results, strict=True):
+        torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("pre_lnorm", [False, True])
 def test_attention_module_matches_reference(pre_lnorm):
     model = make_model(pre_lnorm=pre_lnorm)
     attn = model.layers[1].attn

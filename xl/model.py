@@ -158,8 +158,9 @@ def attention_mask(q_len: int, m_len: int, window: int | None, device: torch.dev
 class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool) -> None:
         super().__init__()
-        # Not ReLU(inplace=True): in place on the view that linear returns for 3-D input, autograd
-        # records CopySlices, whose backward costs four extra passes over the [B, L, d_inner] tensor.
+        # One Sequential, so that parameter names (net.0, net.3) stay those of earlier checkpoints. The
+        # forward runs it by hand: ReLU in place on the 2-D product, a fresh tensor (on the view that linear
+        # returns for 3-D input, autograd would record CopySlices: four extra passes in the backward).
         self.net = nn.Sequential(
             nn.Linear(d_model, d_inner), nn.ReLU(), Dropout(dropout),
             nn.Linear(d_inner, d_model), Dropout(dropout),
@@ -168,7 +169,10 @@ class FeedForward(nn.Module):
         self.pre_lnorm = pre_lnorm
 
     def forward(self, h: Tensor) -> Tensor:
-        return self._residual(h, self.net(self.layer_norm(h) if self.pre_lnorm else h))
+        fc1, _, drop1, fc2, drop2 = self.net
+        x = (self.layer_norm(h) if self.pre_lnorm else h).reshape(-1, h.size(-1))
+        inner = torch.addmm(fc1.bias, x, fc1.weight.t()).relu_()  # one [B·L, d_inner] tensor less than ReLU()
+        return self._residual(h, drop2(fc2(drop1(inner))).view(h.shape))
 
     def step(self, h: Tensor) -> Tensor:
         """The evaluation forward for a few rows (generation). The first product runs as W·xᵀ: for a
