@@ -43,22 +43,53 @@ def dropped_positions(n: int, p: float, chunk: int | None = None) -> Tensor:
     return positions[: torch.searchsorted(positions, float(n))].long()
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A tensor of 0 and 1/(1-p): each element independently kept (non-zero) with probability 1 - p.
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype, device: torch.device,
+              kept: float | None = None) -> Tensor:
+    """A tensor of 0 and ``kept`` (default 1/(1-p)): each element independently kept (non-zero) with
+    probability 1 - p.
 
     Dense CPU path: a signed 32-bit field b is kept when ``float(b) >= p·2³² - 2³¹``; rounding b to float32
     moves the threshold by at most 2⁷, so the keep probability is 1 - p within 2⁻²⁵ (``torch.rand``
     resolves p to 2⁻²⁴).
     """
+    kept = 1.0 / (1.0 - p) if kept is None else kept
     if device.type != "cpu":
-        return torch.rand(shape, device=device).ge_(p).mul_(1.0 / (1.0 - p)).to(dtype)
+        return torch.rand(shape, device=device).ge_(p).mul_(kept).to(dtype)
     n = math.prod(shape)
     if p < SPARSE_BELOW:
-        mask = torch.full(shape, 1.0 / (1.0 - p), device=device)
+        mask = torch.full(shape, kept, device=device)
         return mask.view(-1).index_fill_(0, dropped_positions(n, p), 0.0).view(shape).to(dtype)
     raw = torch.empty((n + 1) // 2, dtype=torch.int64, device=device).random_(-(2**63), None)
     draws = raw.view(torch.int32)[:n].view(shape).to(torch.float32)
-    return draws.ge_(p * 2.0**32 - 2.0**31).mul_(1.0 / (1.0 - p)).to(dtype)
+    return draws.ge_(p * 2.0**32 - 2.0**31).mul_(kept).to(dtype)
+
+
+class ReLUDropout(torch.autograd.Function):
+    """``relu(u)`` with each element then kept with probability 1 - p and *not* rescaled (fold 1/(1-p) into
+    the product that makes u), in place on u.
+
+    Against ReLU then :class:`Dropout`: no ReLU output, no mask and no product tensor; on CPU below
+    ``SPARSE_BELOW`` the dropped positions are zeroed directly. The backward needs only the output: the
+    gradient passes where it is positive, that is where u was positive and the element kept (ReLU's own
+    backward, which also passes nothing at u = 0).
+    """
+
+    @staticmethod
+    def forward(ctx, u: Tensor, p: float) -> Tensor:
+        ctx.mark_dirty(u)
+        out = u.relu_()
+        if out.device.type == "cpu" and p < SPARSE_BELOW and out.is_contiguous():
+            out.view(-1).index_fill_(0, dropped_positions(out.numel(), p), 0.0)
+        else:
+            out.mul_(keep_mask(out.shape, p, out.dtype, out.device, kept=1.0))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (out,) = ctx.saved_tensors
+        return torch.ops.aten.threshold_backward(grad, out, 0), None
 
 
 class Dropout(nn.Dropout):

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from xl.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.attention import RelMultiHeadAttention
-from xl.dropout import Dropout
+from xl.dropout import Dropout, ReLUDropout
 
 CONTEXT_CACHE_SIZE = 16  # position tables and masks kept per model, least recently used dropped first
 MEM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -159,8 +159,9 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_inner: int, dropout: float, pre_lnorm: bool) -> None:
         super().__init__()
         # One Sequential, so that parameter names (net.0, net.3) stay those of earlier checkpoints. The
-        # forward runs it by hand: ReLU in place on the 2-D product, a fresh tensor (on the view that linear
-        # returns for 3-D input, autograd would record CopySlices: four extra passes in the backward).
+        # forward runs it by hand: ReLU (and in training the first dropout) in place on the 2-D product, a
+        # fresh tensor (on the view that linear returns for 3-D input, autograd would record CopySlices:
+        # four extra passes in the backward).
         self.net = nn.Sequential(
             nn.Linear(d_model, d_inner), nn.ReLU(), Dropout(dropout),
             nn.Linear(d_inner, d_model), Dropout(dropout),
@@ -171,8 +172,13 @@ class FeedForward(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         fc1, _, drop1, fc2, drop2 = self.net
         x = (self.layer_norm(h) if self.pre_lnorm else h).reshape(-1, h.size(-1))
-        inner = torch.addmm(fc1.bias, x, fc1.weight.t()).relu_()  # one [B·L, d_inner] tensor less than ReLU()
-        return self._residual(h, drop2(fc2(drop1(inner))).view(h.shape))
+        if self.training and drop1.p > 0:
+            # Dropout's 1/(1-p) taken by the product (relu(s·z) = s·relu(z)); ReLU and dropout then in place.
+            scale = 1.0 / (1.0 - drop1.p)
+            inner = ReLUDropout.apply(torch.addmm(fc1.bias, x, fc1.weight.t(), beta=scale, alpha=scale), drop1.p)
+        else:
+            inner = torch.addmm(fc1.bias, x, fc1.weight.t()).relu_()  # one [B·L, d_inner] tensor less than ReLU()
+        return self._residual(h, drop2(fc2(inner)).view(h.shape))
 
     def step(self, h: Tensor) -> Tensor:
         """The evaluation forward for a few rows (generation). The first product runs as W·xᵀ: for a
