@@ -171,22 +171,23 @@ class FeedForward(nn.Module):
 
     def forward(self, h: Tensor) -> Tensor:
         fc1, _, drop1, fc2, drop2 = self.net
-        x = (self.layer_norm(h) if self.pre_lnorm else h).reshape(-1, h.size(-1))
-        if self.training and drop1.p > 0:
-            # Dropout's 1/(1-p) taken by the product (relu(s·z) = s·relu(z)); ReLU and dropout then in place.
-            scale = 1.0 / (1.0 - drop1.p)
-            inner = ReLUDropout.apply(torch.addmm(fc1.bias, x, fc1.weight.t(), beta=scale, alpha=scale), drop1.p)
-        else:
-            inner = torch.addmm(fc1.bias, x, fc1.weight.t()).relu_()  # one [B·L, d_inner] tensor less than ReLU()
+        p = drop1.p if self.training else 0.0
+        # Dropout's 1/(1-p) taken by the product (relu(s·z) = s·relu(z)); ReLU and dropout then in place.
+        scale = 1.0 / (1.0 - p)
+        inner = torch.addmm(fc1.bias, self._rows(h), fc1.weight.t(), beta=scale, alpha=scale)
+        inner = ReLUDropout.apply(inner, p) if p else inner.relu_()
         return self._residual(h, drop2(fc2(inner)).view(h.shape))
 
     def step(self, h: Tensor) -> Tensor:
         """The evaluation forward for a few rows (generation). The first product runs as W·xᵀ: for a
         [d_inner, d] weight and 8 rows MKL computes it 1.9× faster that way than as x·Wᵀ (2-core VM)."""
         fc1, fc2 = self.net[0], self.net[3]
-        x = (self.layer_norm(h) if self.pre_lnorm else h).reshape(-1, h.size(-1))
-        inner = torch.addmm(fc1.bias[:, None], fc1.weight, x.t()).t().relu_()
+        inner = torch.addmm(fc1.bias[:, None], fc1.weight, self._rows(h).t()).t().relu_()
         return self._residual(h, fc2(inner).view(h.shape))
+
+    def _rows(self, h: Tensor) -> Tensor:
+        """The (pre-LN: normed) input as [B·L, d] rows."""
+        return (self.layer_norm(h) if self.pre_lnorm else h).reshape(-1, h.size(-1))
 
     def _residual(self, h: Tensor, out: Tensor) -> Tensor:
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
