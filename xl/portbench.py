@@ -1,0 +1,117 @@
+"""Config S side by side with a port of the 2019 code, in one process: ``python -m xl.portbench``.
+
+The 2019 Transformer-XL code is not an installable package. Hugging Face ``transformers`` carried a port of it
+until version 4.35: ``TransfoXLLMHeadModel``. It is time-major and computes the relative attention as the 2019
+code does, with einsums, the pad-and-view ``_rel_shift``, ``masked_fill`` and softmax, and projects keys and
+values over memory and segment together. Both models run the same segments with the same optimizer (fused
+AdamW). They alternate in blocks of steps, so that the VM's drifting speed hits both alike. The figure is the
+median over rounds of our tokens/s over the port's.
+
+The port needs an old ``transformers``. Keep it out of the project's environment:
+
+    python -m venv --system-site-packages /tmp/port
+    /tmp/port/bin/pip install --no-deps "transformers==4.30.2" safetensors regex "tokenizers==0.13.3"
+    /tmp/port/bin/python -m xl.portbench --rounds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from xl.bench import CONFIG_S, SegmentRunner, cpu_model, token_stream
+from xl.model import TransformerXL, XLConfig
+
+PORT_INSTALL = ('python -m venv --system-site-packages /tmp/port && /tmp/port/bin/pip install --no-deps '
+                '"transformers==4.30.2" safetensors regex "tokenizers==0.13.3"')
+
+
+def port_model(cfg: XLConfig) -> nn.Module:
+    """The port with config S's shapes: one plain softmax, tied embedding, untied u/v per layer."""
+    try:
+        from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+    except ImportError as err:
+        raise SystemExit(f"the port is missing ({err}); install it apart from the project: {PORT_INSTALL}") from None
+    port_cfg = TransfoXLConfig(
+        vocab_size=cfg.vocab_size, cutoffs=[], div_val=1, adaptive=False, d_model=cfg.d_model, d_embed=cfg.d_model,
+        n_head=cfg.n_head, d_head=cfg.d_head, d_inner=cfg.d_inner, n_layer=cfg.n_layer, mem_len=cfg.mem_len,
+        clamp_len=cfg.clamp_len, same_length=False, dropout=cfg.dropout, dropatt=cfg.dropatt,
+        pre_lnorm=cfg.pre_lnorm, untie_r=True, tie_word_embeddings=True)
+    return TransfoXLLMHeadModel(port_cfg)
+
+
+def stepper(model: nn.Module, ours: bool, train: bool, tokens: torch.Tensor, tgt_len: int) -> Callable[[], None]:
+    """One segment per call, memory carried; training adds backward, AdamW and zero_grad."""
+    model.train(train)
+    runner = SegmentRunner(model, tokens, tgt_len)
+    opt = torch.optim.AdamW(model.parameters(), lr=2.5e-4, fused=True) if train else None
+    kv = None
+
+    def step() -> None:
+        nonlocal kv
+        x, y = runner.next_batch()
+        with torch.set_grad_enabled(train):
+            if ours:
+                out = model(x, runner.mems, y, return_logits=False, cache_kv=not train, kv=kv)
+                loss, kv = out.loss, out.kv
+            else:  # the port predicts x[1:] from x[:-1] itself: L - 1 targets a row
+                out = model(input_ids=x, mems=runner.mems, labels=x)
+                loss = out.losses.mean()
+        runner.mems = out.mems
+        if opt is not None:
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def interleaved(steps: dict[str, Callable[[], None]], tokens_per_step: int, block: int, rounds: int
+                ) -> dict[str, list[float]]:
+    """Tokens/s of each stepper over ``rounds`` rounds of ``block`` steps, the order flipped every round."""
+    names = list(steps)
+    for step in steps.values():
+        for _ in range(3):
+            step()
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            for _ in range(block):
+                steps[name]()
+            rates[name].append(block * tokens_per_step / (time.perf_counter() - start))
+    return rates
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    p = argparse.ArgumentParser(prog="python -m xl.portbench", description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--tgt-len", type=int, default=128)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cfg, B, L = XLConfig(**CONFIG_S), args.batch, args.tgt_len
+    print(f"machine: {cpu_model()}, torch {torch.__version__}, {args.threads} threads; config S, batch {B}, "
+          f"segment {L}, memory {cfg.mem_len}; {args.rounds} interleaved rounds\n")
+    results = {}
+    for part, train, block in (("train", True, 5), ("eval", False, 15)):
+        tokens = token_stream(cfg, B, L, 64)
+        torch.manual_seed(0)
+        steps = {"ours": stepper(TransformerXL(cfg), True, train, tokens, L),
+                 "port": stepper(port_model(cfg), False, train, tokens, L)}
+        rates = interleaved(steps, B * L, block, args.rounds)
+        ratio = statistics.median(a / b for a, b in zip(rates["ours"], rates["port"], strict=True))
+        results[f"{part}_ratio"] = ratio
+        print(f"{part:5}  ours {statistics.median(rates['ours']):7,.0f} tokens/s   "
+              f"port {statistics.median(rates['port']):7,.0f} tokens/s   ours/port {ratio:.2f}×")
+    return results
+
+
+if __name__ == "__main__":
+    main()
