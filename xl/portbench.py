@@ -5,7 +5,8 @@ until version 4.35: ``TransfoXLLMHeadModel``. It is time-major and computes the 
 code does, with einsums, the pad-and-view ``_rel_shift``, ``masked_fill`` and softmax, and projects keys and
 values over memory and segment together. Both models run the same segments with the same optimizer (fused
 AdamW). They alternate in blocks of steps, so that the VM's drifting speed hits both alike. The figure is the
-median over rounds of our tokens/s over the port's.
+median over rounds of our tokens/s over the port's. A third part compares one-token decoding (generation):
+our cached decoder against the port fed one token at a time with its memory, as the 2019 code decodes.
 
 The port needs an old ``transformers``. Keep it out of the project's environment:
 
@@ -20,11 +21,13 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from xl.bench import CONFIG_S, SegmentRunner, cpu_model, token_stream
+from xl.generate import IncrementalDecoder
 from xl.model import TransformerXL, XLConfig
 
 PORT_INSTALL = ('python -m venv --system-site-packages /tmp/port && /tmp/port/bin/pip install --no-deps '
@@ -71,6 +74,31 @@ def stepper(model: nn.Module, ours: bool, train: bool, tokens: torch.Tensor, tgt
     return step
 
 
+def decode_steppers(cfg: XLConfig, batch: int, attn_len: int) -> dict[str, Callable[[], None]]:
+    """One-token decoding against ``attn_len`` cached positions: our :class:`IncrementalDecoder` (cached keys,
+    values and projected embeddings) and the port fed one token at a time with ``mem_len = attn_len``, which
+    re-projects the whole window every token as the 2019 code does."""
+    cfg = replace(cfg, mem_len=attn_len)
+    ours, port = TransformerXL(cfg).eval(), port_model(cfg).eval()
+    context = torch.randint(0, cfg.vocab_size, (batch, attn_len))
+    token = torch.zeros(batch, 1, dtype=torch.long)
+    with torch.no_grad():
+        decoder = IncrementalDecoder(ours, batch, attn_len)
+        decoder.prefill(context, seg_len=attn_len)
+        port_mems = port(input_ids=context).mems
+
+    @torch.no_grad()
+    def ours_step() -> None:
+        decoder.step(token[:, 0])
+
+    @torch.no_grad()
+    def port_step() -> None:
+        nonlocal port_mems
+        port_mems = port(input_ids=token, mems=port_mems).mems
+
+    return {"ours": ours_step, "port": port_step}
+
+
 def interleaved(steps: dict[str, Callable[[], None]], tokens_per_step: int, block: int, rounds: int
                 ) -> dict[str, list[float]]:
     """Tokens/s of each stepper over ``rounds`` rounds of ``block`` steps, the order flipped every round."""
@@ -94,22 +122,27 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--tgt-len", type=int, default=128)
+    p.add_argument("--attn-len", type=int, default=512, help="cached positions for one-token decoding")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg, B, L = XLConfig(**CONFIG_S), args.batch, args.tgt_len
     print(f"machine: {cpu_model()}, torch {torch.__version__}, {args.threads} threads; config S, batch {B}, "
           f"segment {L}, memory {cfg.mem_len}; {args.rounds} interleaved rounds\n")
     results = {}
-    for part, train, block in (("train", True, 5), ("eval", False, 15)):
-        tokens = token_stream(cfg, B, L, 64)
+    for part, block in (("train", 5), ("eval", 15), (f"one-token decoding, {args.attn_len} cached", 16)):
         torch.manual_seed(0)
-        steps = {"ours": stepper(TransformerXL(cfg), True, train, tokens, L),
-                 "port": stepper(port_model(cfg), False, train, tokens, L)}
-        rates = interleaved(steps, B * L, block, args.rounds)
+        if part.startswith("one-token"):
+            steps, tokens_per_step = decode_steppers(cfg, B, args.attn_len), B
+        else:
+            tokens, train = token_stream(cfg, B, L, 64), part == "train"
+            steps = {"ours": stepper(TransformerXL(cfg), True, train, tokens, L),
+                     "port": stepper(port_model(cfg), False, train, tokens, L)}
+            tokens_per_step = B * L
+        rates = interleaved(steps, tokens_per_step, block, args.rounds)
         ratio = statistics.median(a / b for a, b in zip(rates["ours"], rates["port"], strict=True))
-        results[f"{part}_ratio"] = ratio
-        print(f"{part:5}  ours {statistics.median(rates['ours']):7,.0f} tokens/s   "
-              f"port {statistics.median(rates['port']):7,.0f} tokens/s   ours/port {ratio:.2f}×")
+        results[part.split(",")[0]] = ratio
+        print(f"{part}: ours {statistics.median(rates['ours']):,.0f} tokens/s, "
+              f"port {statistics.median(rates['port']):,.0f} tokens/s, ours/port {ratio:.2f}×")
     return results
 
 
