@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from xl.checkpoint import CheckpointError
-from xl.generate import IncrementalDecoder, generate, load_model, sample
+from xl.checkpoint import Checkpoint, CheckpointError
+from xl.generate import IncrementalDecoder, generate, sample
 from xl.model import TransformerXL, XLConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,4 +86,4 @@ def test_generate_command_on_a_checkpoint(tmp_path, corpus):
     assert result.stdout.startswith("def main(") and len(result.stdout.rstrip("\n")) >= len("def main(") + 1
     # A tokenizer other than the training one is refused before anything is printed.
     with pytest.raises(CheckpointError, match="vocabulary of 256 but this data gives 300"):
-        load_model(str(ckpt), 300)
+        Checkpoint.open(str(ckpt)).load_model(300)

@@ -8,7 +8,8 @@ import torch
 
 from tests.conftest import compose_config, tiny_overrides
 from xl.build import build_run
-from xl.generate import generate, load_model
+from xl.checkpoint import Checkpoint
+from xl.generate import generate
 
 
 def test_word_level_adaptive_run_trains_tests_and_generates(tmp_path, corpus):
@@ -26,7 +27,7 @@ def test_word_level_adaptive_run_trains_tests_and_generates(tmp_path, corpus):
     (test,) = run.trainer.test(run.module, datamodule=run.datamodule, ckpt_path=ckpt, verbose=False,
                                weights_only=True)
     assert math.isfinite(test["test/ppl"]) and test["test/ppl"] < vocab  # better than uniform after 12 steps
-    model = load_model(ckpt, vocab)
+    model = Checkpoint.open(ckpt).load_model(vocab)
     assert model.config.cutoffs == (40, 200) and model.head.tables[0].weight is model.embed.tables[0].weight
     prompt = torch.tensor([run.datamodule.tokenizer.encode("def main ( self")])
     sampled = generate(model, prompt, 8, window=16, seg_len=16, temperature=1.0, seed=0)

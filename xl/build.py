@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.checkpoint import CheckpointError, check_compatible, open_checkpoint
+from xl.checkpoint import Checkpoint, CheckpointError, check_compatible
 from xl.data import DataError
 from xl.lit import XLLitModule
 
@@ -179,10 +179,10 @@ def check_checkpoint(cfg: DictConfig, module: XLLitModule) -> str | None:
     """Resolve ``ckpt_path`` (a file or a run folder) and refuse one that cannot serve this run."""
     if not cfg.get("ckpt_path"):
         return None
-    path, checkpoint = open_checkpoint(cfg.ckpt_path)
-    state = checkpoint["xl"]
-    check_compatible(state["model_config"], module.config.to_dict(), resuming=bool(cfg.train), path=path)
-    memory = state.get("train_memory")
+    checkpoint = Checkpoint.open(cfg.ckpt_path)
+    path = checkpoint.path
+    check_compatible(checkpoint.model_config, module.config.to_dict(), resuming=bool(cfg.train), path=path)
+    memory = checkpoint.train_memory
     if cfg.train and memory is not None and memory.size(2) != cfg.data.batch_size:
         raise CheckpointError(
             f"ckpt_path={path} was trained with data.batch_size={memory.size(2)} (this run: {cfg.data.batch_size}); "

@@ -9,15 +9,16 @@ Checkpoints are read with ``weights_only=True``: no pickled code is ever execute
 from __future__ import annotations
 
 import random
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from xl.model import XLConfig
+from xl.model import TransformerXL, XLConfig
 
+XL_KEY = "xl"  # where this project's part of a checkpoint lives
 DEFAULTS = {f.name: f.default for f in fields(XLConfig)}
 # Fields that fix the shape of the weights: a checkpoint with other values cannot be loaded.
 SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner", "pre_lnorm", "tie_weights",
@@ -52,14 +53,55 @@ def read_checkpoint(path: Path, setting: str = "ckpt_path") -> dict[str, Any]:
         ) from err
 
 
-def open_checkpoint(path: str | Path, setting: str = "ckpt_path") -> tuple[Path, dict[str, Any]]:
-    """Resolve (a file or a run folder), read safely, and check that train.py wrote it: (path, contents)."""
-    resolved = resolve_ckpt_path(path, setting)
-    checkpoint = read_checkpoint(resolved, setting)
-    state = checkpoint.get("xl")
-    if not isinstance(state, dict) or "model_config" not in state:
-        raise CheckpointError(f"{setting}={resolved} is not a checkpoint written by this project's train.py")
-    return resolved, checkpoint
+@dataclass
+class Checkpoint:
+    """A checkpoint written by train.py, read safely: the one reader that training, evaluation and generation use.
+
+    ``state`` is Lightning's whole dictionary; the fields are what this project adds under ``state["xl"]``.
+    """
+
+    path: Path
+    state: dict[str, Any]
+
+    @classmethod
+    def open(cls, path: str | Path, setting: str = "ckpt_path") -> Checkpoint:
+        """Resolve (a file or a run folder), read without executing code, and check that train.py wrote it."""
+        resolved = resolve_ckpt_path(path, setting)
+        state = read_checkpoint(resolved, setting)
+        xl = state.get(XL_KEY)
+        if not isinstance(xl, dict) or "model_config" not in xl:
+            raise CheckpointError(f"{setting}={resolved} is not a checkpoint written by this project's train.py")
+        return cls(resolved, state)
+
+    @property
+    def model_config(self) -> dict[str, Any]:
+        return self.state[XL_KEY]["model_config"]
+
+    @property
+    def train_memory(self) -> torch.Tensor | None:
+        """Every rank's training memory, [world, n_layer, B, M, d], or None."""
+        return self.state[XL_KEY].get("train_memory")
+
+    @property
+    def hyper_parameters(self) -> dict[str, Any]:
+        return self.state.get("hyper_parameters", {})
+
+    @property
+    def global_step(self) -> int | None:
+        return self.state.get("global_step")
+
+    def model_weights(self) -> dict[str, torch.Tensor]:
+        """The TransformerXL's own state dict (the Lightning module keeps it under ``model.``)."""
+        prefix = "model."
+        return {k[len(prefix):]: v for k, v in self.state["state_dict"].items() if k.startswith(prefix)}
+
+    def load_model(self, vocab_size: int | None = None, setting: str = "ckpt") -> TransformerXL:
+        """The trained model in evaluation mode; ``vocab_size``: the tokenizer's, refused if it differs."""
+        if vocab_size is not None:
+            check_vocabulary(self.model_config["vocab_size"], vocab_size, self.path, setting)
+        model = TransformerXL(XLConfig.from_dict(self.model_config))
+        model.load_state_dict(self.model_weights())
+        return model.eval()
 
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], resuming: bool, path: Path) -> None:

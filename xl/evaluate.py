@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from xl.build import ConfigError, build_datamodule, build_trainer, check_device
-from xl.checkpoint import CheckpointError, check_vocabulary, open_checkpoint
+from xl.checkpoint import Checkpoint, CheckpointError, check_vocabulary
 from xl.data import DataError
 from xl.lit import XLLitModule
 from xl.model import TransformerXL
@@ -121,16 +121,10 @@ class Evaluator(XLLitModule):
                        f"{stage}/tok_s": self.tokens * world / self.seconds}, sync_dist=False)
 
 
-def load(cfg: DictConfig) -> tuple[dict[str, Any], str]:
-    """The checkpoint named by ``ckpt`` (a file or a run folder), checked to come from this project."""
-    path, checkpoint = open_checkpoint(cfg.ckpt, setting="ckpt")
-    return checkpoint, str(path)
-
-
-def eval_context(cfg: DictConfig, checkpoint: dict[str, Any]) -> dict[str, Any]:
+def eval_context(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
     """Each of mem_len/clamp_len/same_length: memory.eval_X, else memory.X, else the checkpoint's evaluation value."""
-    model = checkpoint["xl"]["model_config"]
-    saved = checkpoint.get("hyper_parameters", {})
+    model = checkpoint.model_config
+    saved = checkpoint.hyper_parameters
     context = {}
     for name in ("mem_len", "clamp_len", "same_length"):
         candidates = (cfg.memory.get(f"eval_{name}"), cfg.memory.get(name), saved.get(f"eval_{name}"), model[name])
@@ -138,9 +132,9 @@ def eval_context(cfg: DictConfig, checkpoint: dict[str, Any]) -> dict[str, Any]:
     return context
 
 
-def build_evaluator(cfg: DictConfig, checkpoint: dict[str, Any], path: str, datamodule: Any) -> Evaluator:
-    model = checkpoint["xl"]["model_config"]
-    check_vocabulary(model["vocab_size"], datamodule.vocab_size, path)
+def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any) -> Evaluator:
+    model = checkpoint.model_config
+    check_vocabulary(model["vocab_size"], datamodule.vocab_size, checkpoint.path)
     if cfg.warmup < 0:
         raise ConfigError(f"warmup must be >= 0 segments, got {cfg.warmup}")
     context = eval_context(cfg, checkpoint)
@@ -153,7 +147,7 @@ def build_evaluator(cfg: DictConfig, checkpoint: dict[str, Any], path: str, data
         module = Evaluator(model, context, datamodule.unit, cfg.warmup, attn_len)
     except ValueError as err:
         raise ConfigError(f"invalid memory setting: {err}") from err
-    module.load_state_dict(checkpoint["state_dict"])
+    module.load_state_dict(checkpoint.state["state_dict"])
     return module
 
 
@@ -180,10 +174,10 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     """``{split: {"<split>/loss", "<split>/<bpb|bpc|ppl>", "<split>/tokens", "<split>/tok_s"}}`` for val and test."""
     check_device(cfg)
     L.seed_everything(cfg.seed, verbose=False)
-    checkpoint, path = load(cfg)
+    checkpoint = Checkpoint.open(cfg.ckpt, setting="ckpt")
+    path, step = str(checkpoint.path), checkpoint.global_step
     datamodule = build_datamodule(cfg)
-    module = build_evaluator(cfg, checkpoint, path, datamodule)
-    step = checkpoint.get("global_step")
+    module = build_evaluator(cfg, checkpoint, datamodule)
     del checkpoint  # the weights are in the module now; free the optimizer state before evaluating
     trainer = build_trainer(cfg)
     results = {}

@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from xl.build import ConfigError, build_datamodule
-from xl.checkpoint import CheckpointError, check_vocabulary, open_checkpoint
+from xl.checkpoint import Checkpoint, CheckpointError
 from xl.data import DataError
 from xl.model import TransformerXL, XLConfig, check_context, sinusoid
 
@@ -128,21 +128,11 @@ def generate(model: TransformerXL, prompt: Tensor, max_new_tokens: int, window: 
     return torch.stack(new, dim=1) if new else prompt[:, :0]
 
 
-def load_model(ckpt: str, vocab_size: int) -> TransformerXL:
-    """The model of a checkpoint written by train.py (a file or a run folder), for a tokenizer of ``vocab_size``."""
-    path, checkpoint = open_checkpoint(ckpt, setting="ckpt")
-    check_vocabulary(checkpoint["xl"]["model_config"]["vocab_size"], vocab_size, path)
-    model = TransformerXL(XLConfig.from_dict(checkpoint["xl"]["model_config"]))
-    prefix = "model."
-    model.load_state_dict({k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)})
-    return model.eval()
-
-
 @hydra.main(version_base="1.3", config_path="../conf", config_name="generate")
 def main(cfg: DictConfig) -> None:
     try:
         tokenizer = build_datamodule(cfg).tokenizer
-        model = load_model(cfg.ckpt, tokenizer.vocab_size)
+        model = Checkpoint.open(cfg.ckpt, setting="ckpt").load_model(tokenizer.vocab_size)
         if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0 or cfg.max_new_tokens < 0:
             raise ConfigError("temperature must be >= 0, top_p in (0, 1], top_k and max_new_tokens >= 0")
         warmup = Path(cfg.warmup).read_text() if cfg.warmup and Path(cfg.warmup).is_file() else (cfg.warmup or "")
