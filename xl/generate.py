@@ -22,7 +22,7 @@ from torch import Tensor
 from xl.build import ConfigError, build_datamodule
 from xl.checkpoint import Checkpoint, CheckpointError
 from xl.data import DataError
-from xl.model import TransformerXL, XLConfig, check_context, sinusoid
+from xl.model import TransformerXL, check_context, sinusoid
 
 log = logging.getLogger("generate")
 
