@@ -20,7 +20,7 @@ class RankProbe(L.Callback):
             f.write(json.dumps({"rank": trainer.global_rank, **record}) + "\n")
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        mems = module.mems["train"]
+        mems = module.memory.mems["train"]
         self._write(trainer, {
             "event": "train", "step": trainer.global_step, "loss": outputs["loss"].item(),
             "first_tokens": batch[0][:, 0].tolist(), "memory_sum": float(sum(m.double().sum() for m in mems)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -10,7 +12,7 @@ from omegaconf import DictConfig
 import xl.evaluate
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
 from xl.build import ConfigError, build_run
-from xl.checkpoint import CheckpointError
+from xl.checkpoint import Checkpoint, CheckpointError
 from xl.evalspeed import main as evalspeed_main
 from xl.evaluate import eval_context, evaluate, vanilla_nll
 from xl.model import TransformerXL, XLConfig
@@ -109,8 +111,9 @@ def test_vanilla_window_slides():
 
 
 def test_context_comes_from_eval_settings_then_memory_then_checkpoint():
-    checkpoint = {"xl": {"model_config": {"mem_len": 16, "clamp_len": -1, "same_length": False}},
-                  "hyper_parameters": {"eval_mem_len": 64, "eval_same_length": None, "eval_clamp_len": None}}
+    checkpoint = Checkpoint(Path("x.ckpt"), {
+        "xl": {"model_config": {"mem_len": 16, "clamp_len": -1, "same_length": False}},
+        "hyper_parameters": {"eval_mem_len": 64, "eval_same_length": None, "eval_clamp_len": None}})
     cfg = compose_eval("ckpt=x")
     assert eval_context(cfg, checkpoint) == {"mem_len": 64, "clamp_len": -1, "same_length": False}
     cfg = compose_eval("ckpt=x", "memory.mem_len=32", "memory.clamp_len=8", "memory.eval_same_length=true")

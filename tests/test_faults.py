@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import lightning as L
 import pytest
 import torch
+from hydra.utils import instantiate
+from lightning.pytorch.plugins.precision import MixedPrecision
+from omegaconf import open_dict
 
 from tests.conftest import compose_config, tiny_overrides
-from xl.build import build_run
+from xl.build import build_callbacks, build_run
 from xl.lit import NonFiniteError
 
 
@@ -74,11 +78,11 @@ class PoisonMemory(L.Callback):
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self.weights[trainer.global_step] = {k: v.clone() for k, v in module.model.state_dict().items()}
         if trainer.global_step == self.step:
-            module.mems["train"][0][0, -1, 0] = float("inf")
+            module.memory.mems["train"][0][0, -1, 0] = float("inf")
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.losses[trainer.global_step - 1] = float(outputs["loss"])
-        self.memory_finite = all(torch.isfinite(m).all() for m in module.mems["train"])
+        self.memory_finite = all(torch.isfinite(m).all() for m in module.memory.mems["train"])
 
 
 def test_nonfinite_loss_is_skipped_and_its_memory_cleaned(tmp_path, corpus):
@@ -95,18 +99,59 @@ def test_nonfinite_loss_is_skipped_and_its_memory_cleaned(tmp_path, corpus):
     assert poison.memory_finite and run.module.nonfinite_total == 1
 
 
-def test_overflow_under_a_grad_scaler_is_left_to_the_scaler():
-    """16-mixed: the GradScaler skips overflowing steps and lowers its scale; they are not faults to count."""
-    from types import SimpleNamespace
+def precision_run(tmp_path, corpus, precision: str, *extra: str):
+    """A tiny run through the real precision plugin of ``precision``, with the default clipping (0.25).
 
-    from xl.lit import XLLitModule
+    16-mixed is what ``precision=auto`` picks on GPUs without bf16; train.py refuses it on a CPU (Lightning would
+    switch to bf16 there), so the test hands the Trainer the real 16-mixed plugin with a CPU GradScaler.
+    """
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), "trainer.max_steps=6", *extra)
+    with open_dict(cfg):
+        cfg.trainer.precision = "32-true" if precision == "16-mixed" else precision
+    run = build_run(cfg)
+    if precision == "16-mixed":
+        with open_dict(cfg):
+            del cfg.trainer.precision
+        plugin = MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))
+        run.trainer = instantiate(cfg.trainer, plugins=[plugin], logger=False, callbacks=build_callbacks(cfg, False))
+    assert run.trainer.gradient_clip_val == 0.25
+    return run
 
-    module = XLLitModule(model=dict(vocab_size=16, n_layer=1, n_head=1, d_model=8, d_head=8, d_inner=8, mem_len=4))
-    for p in module.parameters():
-        p.grad = torch.full_like(p, float("inf"))
-    for scaler, skipped in ((object(), 0), (None, 1)):
-        module.trainer = SimpleNamespace(precision_plugin=SimpleNamespace(scaler=scaler))
-        optimizer = SimpleNamespace()
-        module.on_before_optimizer_step(optimizer)
-        assert int(module._nonfinite_total) == skipped
-        assert getattr(optimizer, "found_inf", torch.tensor(0.0)).item() == skipped
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
+def test_every_automatic_precision_steps_with_clipping_and_skips_overflow(tmp_path, corpus, precision):
+    """Real optimizer steps with clipping through each plugin ``precision=auto`` can pick; an overflowing gradient
+    is skipped under each (by the fused AdamW's flag, or by the GradScaler, which then lowers its scale and does
+    not count it as a fault)."""
+    run = precision_run(tmp_path, corpus, precision)
+    poison = PoisonGradients({3})
+    run.trainer.callbacks.append(poison)
+    warns = pytest.warns(UserWarning, match="non-finite") if precision != "16-mixed" else nullcontext()
+    with warns:
+        run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert run.trainer.global_step == 6
+    optimizer = run.trainer.optimizers[0]
+    assert optimizer.defaults["fused"] == (precision != "16-mixed")
+    for name, before in poison.weights[3].items():
+        assert torch.equal(before, poison.weights[4][name]), f"{name} changed in the skipped step"
+    for step in (1, 2, 4):
+        assert not torch.equal(poison.weights[step]["embed.weight"], poison.weights[step + 1]["embed.weight"])
+    scaler = getattr(run.trainer.precision_plugin, "scaler", None)
+    if precision == "16-mixed":
+        assert scaler.get_scale() == 2.0**15 and run.module.nonfinite_total == 0  # halved once, not a fault
+    else:
+        assert scaler is None and run.module.nonfinite_total == 1
+
+
+def test_nonfinite_loss_under_a_grad_scaler_is_a_fault(tmp_path, corpus):
+    """The GradScaler would skip it too, but a non-finite loss is no scale search: it is counted."""
+    run = precision_run(tmp_path, corpus, "16-mixed")
+    poison = PoisonMemory(3)
+    run.trainer.callbacks.append(poison)
+    with pytest.warns(UserWarning, match=r"1 step\(s\) with a non-finite loss"):
+        run.trainer.fit(run.module, datamodule=run.datamodule)
+    for name, before in poison.weights[3].items():
+        assert torch.equal(before, poison.weights[4][name]), f"{name} changed in the skipped step"
+    assert run.module.nonfinite_total == 1
+
+

@@ -19,6 +19,8 @@ class Recorder(L.Callback):
     def __init__(self) -> None:
         self.events: list[tuple] = []
         self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.val_bytes: list[int] = []
+        self.val_bytes_after: list[int] = []
 
     def on_fit_start(self, trainer, module):
         # The memory the model is actually called with, whatever the module does before the call.
@@ -28,20 +30,28 @@ class Recorder(L.Callback):
         module.model.register_forward_pre_hook(record)
 
     def on_train_epoch_start(self, trainer, module):
-        self.events.append(("epoch_start", trainer.current_epoch, module.mems["train"]))
+        self.events.append(("epoch_start", trainer.current_epoch, module.memory.mems["train"]))
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        self.events.append(("before", batch_idx, module.mems["train"]))
+        self.events.append(("before", batch_idx, module.memory.mems["train"]))
         self.batches.append((batch[0].clone(), batch[1].clone()))
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.events.append(("after", batch_idx, module.mems["train"]))
+        self.events.append(("after", batch_idx, module.memory.mems["train"]))
 
     def on_validation_start(self, trainer, module):
-        self.events.append(("val_start", None, module.mems["train"]))
+        self.events.append(("val_start", None, clone(module.memory.mems["train"])))
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.val_bytes.append(module.memory.nbytes("val"))
 
     def on_validation_end(self, trainer, module):
-        self.events.append(("val_end", None, module.mems["train"]))
+        self.events.append(("val_end", None, clone(module.memory.mems["train"])))
+        self.val_bytes_after.append(module.memory.nbytes("val"))
+
+
+def clone(mems: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+    return None if mems is None else [m.clone() for m in mems]
 
 
 def fit_with_recorder(cfg) -> tuple:
@@ -75,9 +85,14 @@ def test_training_memory_persists_is_detached_and_resets_each_epoch(tiny_cfg, ac
             assert mems[0].shape == (4, 16, 32)
             last_after = mems
     assert epochs_started == 4
-    # Validation (sanity check included) never touches the training memory.
+    # Validation (sanity check included) never touches the training memory's values.
     pairs = [(e, n) for e, n in zip(rec.events, rec.events[1:], strict=False) if e[0] == "val_start"]
-    assert pairs and all(n[0] == "val_end" and n[2] is e[2] for e, n in pairs)
+    assert len(pairs) == 3 and all(n[0] == "val_end" for _, n in pairs)
+    for start, end in pairs:
+        assert (start[2] is None) == (end[2] is None)
+        assert start[2] is None or all(torch.equal(a, b) for a, b in zip(start[2], end[2], strict=True))
+    # Validation holds its memory and keys/values while it runs, and frees them when it ends.
+    assert min(rec.val_bytes) > 0 and rec.val_bytes_after == [0, 0, 0]
 
 
 def test_batches_arrive_in_stream_order(tiny_cfg):
@@ -113,11 +128,11 @@ def test_batch_size_change_restarts_memory_instead_of_broadcasting():
     module = XLLitModule(model=dict(vocab_size=16, n_layer=1, n_head=1, d_model=8, d_head=8, d_inner=8,
                                     dropout=0.0, mem_len=4))
     x = torch.randint(0, 16, (3, 4))
-    module.step((x, x), "val")
-    assert module.mems["val"][0].size(0) == 3
+    module.segment_loss((x, x), "val")
+    assert module.memory.mems["val"][0].size(0) == 3
     with pytest.warns(UserWarning, match="restarts empty"):
-        module.step((x[:2], x[:2]), "val")
-    assert module.mems["val"][0].shape == (2, 4, 8)
+        module.segment_loss((x[:2], x[:2]), "val")
+    assert module.memory.mems["val"][0].shape == (2, 4, 8)
 
 
 def test_eval_uses_its_own_memory_length():
@@ -125,9 +140,9 @@ def test_eval_uses_its_own_memory_length():
                                     dropout=0.0, mem_len=4), eval_mem_len=12)
     x = torch.randint(0, 16, (2, 8))
     for _ in range(3):
-        module.step((x, x), "val")
-        module.step((x, x), "train")
-    assert module.mems["val"][0].size(1) == 12 and module.mems["train"][0].size(1) == 4
+        module.segment_loss((x, x), "val")
+        module.segment_loss((x, x), "train")
+    assert module.memory.mems["val"][0].size(1) == 12 and module.memory.mems["train"][0].size(1) == 4
 
 
 def test_warmup_then_cosine():
@@ -214,11 +229,36 @@ def test_evaluation_carries_keys_and_values_with_its_memory():
     cfg = dict(vocab_size=16, n_layer=2, n_head=2, d_model=8, d_head=4, d_inner=8, dropout=0.0, mem_len=4)
     module = XLLitModule(model=cfg, eval_mem_len=12).double()
     x = torch.randint(0, 16, (2, 5, 6))
-    plain = [module.step((x[:, i], x[:, i]), "val") for i in range(5)]  # gradients on: no cache
-    module.reset_memory("val")
+    plain = [module.segment_loss((x[:, i], x[:, i]), "val") for i in range(5)]  # gradients on: no cache
+    module.memory.reset("val")
     with torch.no_grad():
-        cached = [module.step((x[:, i], x[:, i]), "val") for i in range(5)]
-        assert [k.size(2) for k, _ in module.kv["val"]] == [12, 12] == [m.size(1) for m in module.mems["val"]]
+        cached = [module.segment_loss((x[:, i], x[:, i]), "val") for i in range(5)]
+        kv, mems = module.memory.kv["val"], module.memory.mems["val"]
+        assert [k.size(2) for k, _ in kv] == [12, 12] == [m.size(1) for m in mems]
     torch.testing.assert_close(torch.stack(cached), torch.stack(plain).detach(), rtol=1e-12, atol=1e-12)
-    module.reset_memory("val")
-    assert module.kv["val"] is None
+    module.memory.reset("val")
+    assert module.memory.kv["val"] is None
+
+
+def test_validation_before_fit_leaves_nothing_training_cannot_use(tiny_cfg):
+    """Evaluation runs under inference mode; the position tables it builds are reused by training steps."""
+    tiny_cfg.trainer.max_steps = 3
+    run = build_run(tiny_cfg)
+    run.trainer.validate(run.module, datamodule=run.datamodule, verbose=False)
+    assert run.module.memory.nbytes("val") == 0
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert run.trainer.global_step == 3
+
+
+@pytest.mark.parametrize("mem_dtype", ["float32", "bfloat16", "float16"])
+def test_cached_evaluation_equals_uncached_for_every_memory_dtype(mem_dtype):
+    cfg = dict(vocab_size=16, n_layer=2, n_head=2, d_model=8, d_head=4, d_inner=8, dropout=0.0, mem_len=4,
+               mem_dtype=mem_dtype)
+    module = XLLitModule(model=cfg, eval_mem_len=6)
+    x = torch.randint(0, 16, (2, 5, 3), generator=torch.Generator().manual_seed(0))
+    plain = [module.segment_loss((x[:, i], x[:, i]), "val").detach() for i in range(5)]  # gradients on: no cache
+    module.memory.reset("val")
+    with torch.no_grad():
+        cached = [module.segment_loss((x[:, i], x[:, i]), "val") for i in range(5)]
+        assert module.memory.kv["val"] is not None
+    torch.testing.assert_close(torch.stack(cached), torch.stack(plain), rtol=1e-6, atol=1e-6)

@@ -1,34 +1,77 @@
-"""The cache-footprint formula reproduces the seed chapter's table exactly."""
+"""The memory's store: one memory per stage that follows the model, checks its rows and is freed when done."""
+
+from __future__ import annotations
 
 import pytest
 import torch
 
-from xl.memory import cache_footprint, main
-
-SEED_TABLE = [
-    ((512, 768, 12, 8), 37_748_736, 144.0, 0.14),
-    ((512, 1024, 24, 8), 100_663_296, 384.0, 0.38),
-    ((1024, 1024, 24, 8), 201_326_592, 768.0, 0.75),
-    ((2048, 2048, 36, 4), 603_979_776, 2304.0, 2.25),
-]
+from xl.memory import MemoryStore, nbytes, update_memory
 
 
-@pytest.mark.parametrize("config,floats,mb,gb", SEED_TABLE)
-def test_seed_table(config, floats, mb, gb):
-    fp = cache_footprint(*config)
-    assert fp.elements == floats
-    assert fp.bytes == floats * 4
-    assert fp.mb == mb
-    assert round(fp.gb, 2) == gb
-    assert cache_footprint(*config, dtype=torch.bfloat16).mb == mb / 2
+def layers(n: int = 2, rows: int = 3, length: int = 4, d: int = 5, dtype=torch.float32) -> list[torch.Tensor]:
+    return [torch.randn(rows, length, d, dtype=dtype) for _ in range(n)]
 
 
-def test_command_prints_table_and_params(capsys):
-    main([])
-    assert "144.0" in capsys.readouterr().out
-    main(["--mem-len", "128", "--d-model", "256", "--n-layer", "4", "--batch", "8",
-          "--n-head", "4", "--d-head", "64", "--d-inner", "1024", "--vocab", "256"])
-    out = capsys.readouterr().out
-    assert "3,484,672" in out
-    fp32, bf16 = [line for line in out.splitlines() if line.startswith("128m")]
-    assert "float32" in fp32 and " 4.0 " in fp32 and "bfloat16" in bf16 and " 2.0 " in bf16
+def test_update_keeps_the_newest_positions_of_old_then_current_detached():
+    old = layers(length=3)
+    current = [h.requires_grad_() for h in layers(length=2)]
+    new = update_memory(old, current, mem_len=4)
+    for m, o, h in zip(new, old, current, strict=True):
+        assert torch.equal(m, torch.cat([o[:, -2:], h.detach()], 1))
+        assert not m.requires_grad and m.grad_fn is None
+    assert all(m.size(1) == 1 for m in update_memory(old, current, mem_len=1))
+    rounded = update_memory(old, current, mem_len=4, dtype=torch.bfloat16)
+    assert all(m.dtype == torch.bfloat16 for m in rounded)
+
+
+def test_read_moves_the_memory_to_the_models_device_and_dtype_once():
+    store = MemoryStore()
+    mems = layers()
+    kv = [(torch.ones(3, 1, 4, 2), torch.ones(3, 1, 4, 2))] * 2
+    store.write("train", mems, kv)
+    same, same_kv = store.read("train", 3, torch.device("cpu"), torch.float32, pytest.fail)
+    assert same is mems and same_kv is kv  # nothing to move: nothing copied
+    moved, moved_kv = store.read("train", 3, torch.device("cpu"), torch.float64, pytest.fail)
+    assert [m.dtype for m in moved] == [torch.float64] * 2 and moved_kv is None  # keys re-projected from it
+    assert all(torch.equal(a.double(), b) for a, b in zip(mems, moved, strict=True))
+    again, _ = store.read("train", 3, torch.device("cpu"), torch.float64, pytest.fail)
+    assert again is moved  # kept where it was moved
+
+
+def test_a_memory_of_other_rows_is_dropped_with_a_warning():
+    store = MemoryStore()
+    store.write("val", layers(rows=3))
+    warnings = []
+    assert store.read("val", 2, torch.device("cpu"), torch.float32, warnings.append) == (None, None)
+    assert "holds 3 rows but the batch has 2" in warnings[0] and store.mems["val"] is None
+
+
+def test_stages_are_separate_and_reset_frees_them():
+    store = MemoryStore()
+    train, val = layers(), layers(length=8)
+    kv = [(torch.zeros(3, 2, 8, 4), torch.zeros(3, 2, 8, 4))] * 2
+    store.write("train", train)
+    store.write("val", val, kv)
+    assert store.nbytes("val") == 2 * 3 * 8 * 5 * 4 + 2 * 2 * 3 * 2 * 8 * 4 * 4
+    assert store.nbytes("train") == nbytes(train) == 2 * 3 * 4 * 5 * 4
+    store.reset("val")
+    assert store.nbytes("val") == 0 and store.mems["train"] is train
+
+
+def test_pack_and_unpack_give_each_rank_its_own_rows():
+    ranks = [layers(), layers()]
+    packed = []
+    for rank in range(2):
+        store = MemoryStore()
+        store.write("train", ranks[rank])
+        # What every rank's all_gather returns: the ranks' stacked memories in rank order.
+        packed.append(store.pack(lambda t: torch.stack([torch.stack(r) for r in ranks]), world_size=2))
+    assert torch.equal(packed[0], packed[1]) and packed[0].shape == (2, 2, 3, 4, 5)
+    for rank in range(2):
+        store = MemoryStore()
+        store.unpack(packed[0], rank)
+        assert all(torch.equal(a, b) for a, b in zip(store.mems["train"], ranks[rank], strict=True))
+    single = MemoryStore()
+    single.write("train", ranks[0])
+    assert single.pack(pytest.fail, world_size=1).shape == (1, 2, 3, 4, 5)
+    assert MemoryStore().pack(pytest.fail, world_size=1) is None

@@ -8,7 +8,8 @@ import torch
 from tests.reference import naive_position_scores, reference_attention, reference_logits
 from xl.attention import TrainingAttentionCPU, rel_shift
 from xl.dropout import keep_mask
-from xl.memory import cache_footprint, memory_bytes
+from xl.footprint import cache_footprint
+from xl.memory import nbytes
 from xl.model import TransformerXL, XLConfig, attention_mask, count_parameters
 
 TINY = dict(vocab_size=32, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0)
@@ -261,7 +262,7 @@ def test_memory_of_layer_n_is_input_of_layer_n():
         torch.testing.assert_close(second.mems[n], torch.cat([produced, h2], 1)[:, -5:])
         assert second.mems[n].dtype == torch.float64 and second.mems[n].shape == (3, 5, 16)
     fp = cache_footprint(5, 16, n_layer, 3, torch.float64)
-    assert memory_bytes(second.mems) == fp.bytes == 5 * 16 * n_layer * 3 * 8
+    assert nbytes(second.mems) == fp.bytes == 5 * 16 * n_layer * 3 * 8
 
 
 @pytest.mark.parametrize("mem_len", [0, 4])
@@ -309,7 +310,7 @@ def test_low_precision_cache_halves_memory_and_rounds_only_the_cache(mem_dtype):
     for a, b in zip(first_full, first_low, strict=True):
         assert torch.equal(a.to(dtype), b)
     assert all(m.dtype == dtype for m in mems) and got.dtype == torch.float32
-    assert memory_bytes(mems) == memory_bytes(ref_mems) // 2 == cache_footprint(8, 16, 2, 2, dtype).bytes
+    assert nbytes(mems) == nbytes(ref_mems) // 2 == cache_footprint(8, 16, 2, 2, dtype).bytes
     torch.testing.assert_close(got[:, :8], ref[:, :8], rtol=0, atol=0)
     assert 0 < (got - ref).abs().max() < 0.02 * ref.abs().max()
 

@@ -9,10 +9,13 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from hydra.utils import instantiate
+from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from tests.conftest import compose_config, tiny_overrides
-from xl.build import build_run
+from xl.build import build_callbacks, build_run
 from xl.checkpoint import CheckpointError
+from xl.lit import XLLitModule
 
 STEPS, STOP_AT = 12, 7  # epochs of 5 segments: the stop falls in the middle of the second epoch
 
@@ -104,12 +107,117 @@ def test_signal_checkpoints_and_resume_is_exact(tmp_path, corpus, signum):
     whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole"))
     run = build_run(resume_cfg(tmp_path, corpus, "first", "callbacks.model_checkpoint.every_n_train_steps=null"))
     run.trainer.callbacks.append(SendSignal(signum, at_step=STOP_AT))
+    before = signal.getsignal(signum)
     run.trainer.fit(run.module, datamodule=run.datamodule)
     assert run.trainer.global_step == STOP_AT, "the run stops at the end of the step the signal arrived in"
     ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
     assert torch.load(ckpt, weights_only=True)["global_step"] == STOP_AT
-    assert signal.getsignal(signum) is not None  # handlers are restored after fit
+    assert signal.getsignal(signum) == before  # the handler of before the fit is back
 
     second, second_losses = fit(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={ckpt}"))
     assert sorted(second_losses) == list(range(STOP_AT + 1, STEPS + 1))
     assert all(second_losses[s] == whole_losses[s] for s in second_losses)
+
+
+class OrderRecorder(L.Callback):
+    """What each step read and where the trainer's counters stood: (epoch, batch_idx, global_step, first tokens)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple] = []
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.steps.append((trainer.current_epoch, batch_idx, trainer.global_step, batch[0][:, :4].tolist()))
+
+
+@pytest.mark.parametrize("limit", [4, None])  # limit_train_batches, and full epochs
+def test_resume_from_a_checkpoint_at_an_epoch_end_starts_the_next_epoch(tmp_path, corpus, limit):
+    wide = ("data.batch_size=96", "data.tgt_len=64")  # full epochs of a few segments
+    probe = build_run(resume_cfg(tmp_path, corpus, "probe", *wide))
+    epoch = limit or len(probe.datamodule.train_dataloader())
+    assert 2 <= epoch <= 8
+    common = (*wide, f"trainer.limit_train_batches={limit or 1.0}", f"trainer.max_steps={epoch + 3}",
+              f"callbacks.model_checkpoint.every_n_train_steps={epoch}")
+
+    def recorded(run_name: str, *extra: str) -> tuple[list, L.Trainer]:
+        run = build_run(resume_cfg(tmp_path, corpus, run_name, *common, *extra))
+        recorder = OrderRecorder()
+        run.trainer.callbacks.append(recorder)
+        run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=run.ckpt_path, weights_only=True)
+        return recorder.steps, run.trainer
+
+    whole, whole_trainer = recorded("whole")
+    recorded("first", f"trainer.max_steps={epoch}")
+    resumed, resumed_trainer = recorded("second", f"ckpt_path={tmp_path / 'first' / 'run'}")
+    assert resumed == whole[epoch:]
+    assert resumed[0][:2] == (1, 0)  # the second epoch, from its first segment
+    assert resumed_trainer.current_epoch == whole_trainer.current_epoch
+
+
+class MovingStrategy(SingleDeviceStrategy):
+    """Moves the module where a GPU strategy would, after the checkpoint hooks ran: float64 stands in for the GPU."""
+
+    def model_to_device(self) -> None:
+        super().model_to_device()
+        self.model.double()
+
+
+class RecordFirstMemory(L.Callback):
+    def __init__(self) -> None:
+        self.first_memory = None
+
+    def on_train_start(self, trainer, module):
+        module.model.register_forward_pre_hook(self.record)
+
+    def record(self, model, args):
+        if self.first_memory is None:
+            self.first_memory = args[1]
+
+
+def test_restored_memory_follows_the_module_wherever_it_is_moved(tmp_path, corpus):
+    fit(resume_cfg(tmp_path, corpus, "first", f"trainer.max_steps={STOP_AT}"))
+    ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
+    saved = torch.load(ckpt, weights_only=True)["xl"]["train_memory"][0]
+    cfg = resume_cfg(tmp_path, corpus, "second", f"ckpt_path={ckpt}", f"trainer.max_steps={STOP_AT + 2}")
+    run = build_run(cfg)
+    recorder = RecordFirstMemory()
+    run.trainer = instantiate(cfg.trainer, strategy=MovingStrategy(torch.device("cpu")), logger=False,
+                              callbacks=[*build_callbacks(cfg, False), recorder])
+    run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=run.ckpt_path, weights_only=True)
+    assert run.trainer.global_step == STOP_AT + 2 and run.module.model.anchor.dtype == torch.float64
+    assert [m.dtype for m in recorder.first_memory] == [torch.float64] * 2  # moved before the step reads it
+    for m, s in zip(recorder.first_memory, saved, strict=True):
+        assert torch.equal(m, s.double())
+    assert all(m.dtype == torch.float64 for m in run.module.memory.mems["train"])
+
+
+def test_checkpoints_are_read_outside_fit_without_the_training_state(tmp_path, corpus):
+    """Testing or loading a checkpoint needs only its weights: another device count is fine, the RNGs stay."""
+    fit(resume_cfg(tmp_path, corpus, "first", f"trainer.max_steps={STOP_AT}"))
+    ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
+    state = torch.load(ckpt, weights_only=True)
+    # As if two processes had trained it.
+    state["xl"]["train_memory"] = state["xl"]["train_memory"].repeat(2, 1, 1, 1, 1)
+    state["xl"]["rng"] = state["xl"]["rng"] * 2
+    two = tmp_path / "two.ckpt"
+    torch.save(state, two)
+    run = build_run(resume_cfg(tmp_path, corpus, "test"))
+    rng_after = []
+    for ckpt_path in (two, None):  # the same test with and without reading the checkpoint: the same RNG after
+        torch.manual_seed(123)
+        (metrics,) = run.trainer.test(run.module, datamodule=run.datamodule, ckpt_path=ckpt_path, verbose=False,
+                                      weights_only=True)
+        rng_after.append(torch.get_rng_state())
+    assert torch.equal(*rng_after)
+    assert run.module.memory.mems["train"] is None and metrics["test/loss"] > 0
+    torch.manual_seed(123)
+    XLLitModule(**state["hyper_parameters"])  # building the module draws its initial weights
+    built = torch.get_rng_state()
+    torch.manual_seed(123)
+    loaded = XLLitModule.load_from_checkpoint(two, weights_only=True)
+    assert torch.equal(torch.get_rng_state(), built)
+    for name, value in loaded.state_dict().items():
+        assert torch.equal(value, state["state_dict"][name]), name
+    # A resumed fit with another number of processes is still refused, in one sentence.
+    resumed = build_run(resume_cfg(tmp_path, corpus, "resume"))
+    with pytest.raises(CheckpointError, match="come from 2 processes, this run has 1; resume with the same"):
+        resumed.trainer.fit(resumed.module, datamodule=resumed.datamodule, ckpt_path=two, weights_only=True)

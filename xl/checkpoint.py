@@ -1,8 +1,8 @@
 """What a checkpoint holds beyond Lightning's own state, and reading one safely.
 
 Lightning saves weights, optimizer, scheduler, loop counters and the train loader's position. We add
-under ``checkpoint["xl"]`` what makes a resume exact: the model config, the training memory of every
-rank (gathered, since only rank 0 writes the file) and the random-number generators' states.
+under ``checkpoint["xl"]`` what makes a resume exact: the model config, and the training memory and the
+random-number generators' states of every rank (gathered, since only rank 0 writes the file).
 Checkpoints are read with ``weights_only=True``: no pickled code is ever executed.
 """
 
@@ -137,6 +137,16 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def gather_rng_states(world_size: int) -> list[dict[str, Any]]:
+    """Every rank's :func:`rng_state`, in rank order (every rank calls this; rank 0 writes them all)."""
+    state = rng_state()
+    if world_size == 1:
+        return [state]
+    states: list[Any] = [None] * world_size
+    torch.distributed.all_gather_object(states, state)
+    return states
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

@@ -91,7 +91,7 @@ class Evaluator(XLLitModule):
         scored = batch_idx >= self.warmup
         start = time.perf_counter()
         if self.attn_len is None:
-            loss = self.step(batch, stage)  # warm-up segments too: they fill the memory
+            loss = self.segment_loss(batch, stage)  # warm-up segments too: they fill the memory
         else:
             history = x[:, :0] if self.history is None else self.history
             if scored:

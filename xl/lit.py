@@ -1,10 +1,10 @@
-"""The LightningModule: training and evaluation steps, and who owns the memory.
+"""The LightningModule: Transformer-XL's training loop (Dai et al., 2019), one segment per step.
 
-Each batch is the next segment of every stream (see ``xl.data.stream``). The memory produced by
-one step is the context of the next (truncated BPTT: the forward context crosses the segment
-boundary, gradients do not). Each stage has its own memory so that, for example, the sanity-check
-validation never touches the training memory. Memories are plain attributes, not buffers, so DDP
-never broadcasts rank 0's copy over the other ranks' (each rank reads its own rows).
+Each batch is the next segment of every stream (see ``xl.data.stream``). A step reads the stage's memory, runs
+the segment over ``StopGrad(memory) ∘ segment``, and writes the new memory back for the next step (truncated
+BPTT: the forward context crosses the segment boundary, gradients do not). The memory itself, one per stage and
+per rank, lives in :class:`xl.memory.MemoryStore`: plain attributes, not buffers, so DDP never broadcasts rank 0's
+copy over the other ranks' rows.
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import MeanMetric
 
-from xl.checkpoint import CheckpointError, rng_state, set_rng_state
-from xl.memory import cache_footprint
-from xl.model import TransformerXL, XLConfig, check_context
-
-STAGES = ("train", "val", "test", "predict")
+from xl.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
+from xl.footprint import cache_footprint
+from xl.memory import MemoryStore
+from xl.model import TransformerXL, XLConfig, XLOutput, check_context
 
 
 class NonFiniteError(RuntimeError):
@@ -104,83 +105,85 @@ class XLLitModule(L.LightningModule):
         self.register_buffer("_nonfinite_run", torch.zeros((), dtype=torch.long), persistent=False)
         self.register_buffer("_nonfinite_worst", torch.zeros((), dtype=torch.long), persistent=False)
         self.register_buffer("_nonfinite_total", torch.zeros((), dtype=torch.long), persistent=False)
+        self.register_buffer("_loss_nonfinite", torch.zeros((), dtype=torch.bool), persistent=False)  # since the
+        # last optimizer step
         self.model = TransformerXL(self.config)
-        self.mems: dict[str, list[Tensor] | None] = dict.fromkeys(STAGES)
-        # Evaluation stages also carry their memory's projected keys/values (the weights do not change there).
-        self.kv: dict[str, list[tuple[Tensor, Tensor]] | None] = dict.fromkeys(STAGES)
+        self.memory = MemoryStore()
         # Token-weighted mean NLL per stage; MeanMetric reduces (sum, weight) across ranks exactly.
         # No NaN checks inside the metric: they would wait for the device every step.
         self.train_nll, self.val_nll, self.test_nll = (MeanMetric(nan_strategy="disable") for _ in range(3))
 
-    # ---- memory -------------------------------------------------------------------------------
-    def reset_memory(self, stage: str) -> None:
-        self.mems[stage] = self.kv[stage] = None
+    # ---- one segment ----------------------------------------------------------------------------
+    def run_segment(self, x: Tensor, stage: str, targets: Tensor | None = None) -> XLOutput:
+        """Run the next segment of the stage's streams over its memory; keep the new memory for the next one.
 
-    def memory_for(self, stage: str, batch_rows: int) -> list[Tensor] | None:
-        """This stage's memory, or None (empty) if its rows do not match the batch's."""
-        mems = self.mems[stage]
-        if mems is not None and mems[0].size(0) != batch_rows:
-            rank_zero_warn(
-                f"{stage} memory holds {mems[0].size(0)} rows but the batch has {batch_rows}; "
-                "the streams changed, so the memory restarts empty"
-            )
-            self.reset_memory(stage)
-            mems = None
-        return mems
-
-    def step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
-        x, y = batch
-        mems = self.memory_for(stage, x.size(0))
+        With ``targets`` only the loss is returned (the logits are freed), else only the logits.
+        """
+        anchor = self.model.anchor  # the memory follows the model to its device and storage dtype
+        mems, kv = self.memory.read(stage, x.size(0), anchor.device, self.config.memory_dtype(anchor.dtype),
+                                    rank_zero_warn)
         context = {} if stage == "train" else self.eval_context
         if stage != "train" and not torch.is_grad_enabled():  # Lightning evaluates without gradients
-            context = {**context, "cache_kv": True, "kv": self.kv[stage]}
-        out = self.model(x, mems, targets=y, return_logits=False, **context)
-        self.mems[stage], self.kv[stage] = out.mems, out.kv
-        return out.loss
+            context = {**context, "cache_kv": True, "kv": kv}
+        out = self.model(x, mems, targets=targets, return_logits=targets is None, **context)
+        self.memory.write(stage, out.mems, out.kv)
+        return out
+
+    def segment_loss(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+        x, y = batch
+        return self.run_segment(x, stage, y).loss
 
     def on_validation_epoch_start(self) -> None:
-        self.reset_memory("val")
+        self.memory.reset("val")
 
     def on_test_epoch_start(self) -> None:
-        self.reset_memory("test")
+        self.memory.reset("test")
 
     def on_predict_epoch_start(self) -> None:
-        self.reset_memory("predict")
+        self.memory.reset("predict")
 
     # ---- steps and metrics ----------------------------------------------------------------------
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         if batch_idx == 0:
             # The streams restart at every epoch. Keyed on the batch index, not on epoch start, so that
             # a run resumed mid-epoch keeps the memory it restored from the checkpoint.
-            self.reset_memory("train")
-        loss = self.step(batch, "train")
+            self.memory.reset("train")
+        loss = self.segment_loss(batch, "train")
         # Nothing here waits for the device: a non-finite loss is handled where it lands, without a
         # host-side branch. Its memory would poison every later step, so non-finite entries are zeroed
         # (in place, on memory the step just allocated); its gradients are non-finite, so the optimizer
         # skips the update (on_before_optimizer_step); the epoch metric leaves it out with weight 0.
-        for m in self.mems["train"]:
+        for m in self.memory.mems["train"]:
             m.nan_to_num_(0.0, 0.0, 0.0)
         loss_value = loss.detach()
         finite = torch.isfinite(loss_value)
+        self._loss_nonfinite = self._loss_nonfinite | ~finite
         self.train_nll.update(torch.where(finite, loss_value, 0.0), weight=finite * batch[1].numel())
         self.log_dict({"train/loss": loss_value, f"train/{self.quality_name}": self.quality(loss_value)},
                       on_step=True, prog_bar=True, batch_size=batch[1].size(0))
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Skip an update whose gradients are not finite, deciding on the device (no host sync).
+        """Skip an update whose loss or gradients are not finite, deciding on the device (no host sync).
 
-        The fused AdamW kernel reads ``found_inf`` (the flag torch's GradScaler uses) and leaves weights,
-        moments and step count untouched when it is set. Gradients are already reduced across ranks
-        here, so every rank makes the same decision.
+        Without a loss scaler, the fused AdamW kernel reads ``found_inf`` (the flag torch's GradScaler uses) and
+        leaves weights, moments and step count untouched when it is set. Under 16-mixed the GradScaler skips
+        overflowing steps itself and lowers its scale: a few in a row at the start are how it finds the scale, so
+        only a non-finite loss, or an overflow at a scale already <= 1, counts as a fault there. Every rank makes
+        the same decision: the flag is reduced across ranks (sharded strategies give each rank part of the
+        gradients only), as a collective on the device.
         """
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if not grads or getattr(self.trainer.precision_plugin, "scaler", None) is not None:
-            # 16-mixed: the GradScaler skips overflowing steps itself and lowers its scale; a few in a row at
-            # the start are how it finds the scale, not a fault.
+        loss_bad, self._loss_nonfinite = self._loss_nonfinite, torch.zeros_like(self._loss_nonfinite)
+        if not grads:
             return
-        bad = ~torch.isfinite(torch.nn.utils.get_total_norm(grads))
-        optimizer.found_inf = bad.float()
+        bad = agree_across_ranks(~torch.isfinite(torch.nn.utils.get_total_norm(grads)))
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is None:
+            optimizer.found_inf = bad.float()
+        else:
+            bad = agree_across_ranks(loss_bad) | (bad & (scaler._scale <= 1))
+        bad = bad.long()
         self._nonfinite_run = (self._nonfinite_run + 1) * bad
         self._nonfinite_worst = torch.maximum(self._nonfinite_worst, self._nonfinite_run)
         self._nonfinite_total = self._nonfinite_total + bad
@@ -212,24 +215,26 @@ class XLLitModule(L.LightningModule):
         self._log_epoch("train")
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self.val_nll.update(self.step(batch, "val"), weight=batch[1].numel())
+        self.val_nll.update(self.segment_loss(batch, "val"), weight=batch[1].numel())
 
     def on_validation_epoch_end(self) -> None:
+        self.memory.reset("val")  # evaluation memories can be far longer than training's: free them now
         self._log_epoch("val")
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self.test_nll.update(self.step(batch, "test"), weight=batch[1].numel())
+        self.test_nll.update(self.segment_loss(batch, "test"), weight=batch[1].numel())
 
     def on_test_epoch_end(self) -> None:
+        self.memory.reset("test")
         self._log_epoch("test")
+
+    def on_predict_epoch_end(self) -> None:
+        self.memory.reset("predict")
 
     def predict_step(self, batch: tuple[Tensor, Tensor] | Tensor, batch_idx: int) -> Tensor:
         """Next-token log-probabilities for each segment, with the memory carried between calls."""
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        mems = self.memory_for("predict", x.size(0))
-        out = self.model(x, mems, **self.eval_context, cache_kv=not torch.is_grad_enabled(), kv=self.kv["predict"])
-        self.mems["predict"], self.kv["predict"] = out.mems, out.kv
-        return out.logits.log_softmax(-1)
+        return self.run_segment(x, "predict").logits.log_softmax(-1)
 
     def _log_epoch(self, stage: str) -> None:
         """Token-weighted mean NLL over the epoch (reduced across ranks), and its bits or perplexity."""
@@ -237,7 +242,8 @@ class XLLitModule(L.LightningModule):
         if metric.update_count == 0:
             return
         loss = metric.compute()
-        metric.reset()
+        with torch.inference_mode(False):  # fresh states that a later training step may update in place
+            metric.reset()
         values = {f"{stage}/loss": loss, f"{stage}/{self.quality_name}": self.quality(loss)}
         self.log_dict(values, prog_bar=stage != "train", sync_dist=False)
 
@@ -251,32 +257,36 @@ class XLLitModule(L.LightningModule):
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Add the model config, every rank's training memory and the RNG states (see xl.checkpoint)."""
-        mems = self.mems["train"]
-        gathered = None
-        if mems is not None:
-            stacked = torch.stack(mems)  # [n_layer, B, M, d]
-            # Every rank runs this hook; all_gather returns [world, n_layer, B, M, d] (no world dim on 1 rank).
-            gathered = self.all_gather(stacked) if self.trainer.world_size > 1 else stacked[None]
-            gathered = gathered.cpu()
-        checkpoint["xl"] = {"model_config": self.config.to_dict(), "train_memory": gathered, "rng": rng_state()}
+        """Add the model config, and every rank's training memory and RNG states (see xl.checkpoint)."""
+        world = self.trainer.world_size
+        checkpoint[XL_KEY] = {
+            "model_config": self.config.to_dict(),
+            "train_memory": self.memory.pack(self.all_gather, world),
+            "rng": gather_rng_states(world),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Give each rank back its own rows of the training memory, and restore the RNG states."""
-        state = checkpoint.get("xl")
-        if state is None:
+        """Resuming a fit: give each rank back its own rows of the training memory and its own RNG states.
+
+        Nothing else needs them: evaluating or testing a checkpoint (on any number of devices), or
+        ``load_from_checkpoint`` without a trainer, reads the weights only and leaves the global RNGs alone. The
+        memory stays on the CPU here (Lightning moves the module after this hook); the first step moves it.
+        """
+        state = checkpoint.get(XL_KEY)
+        trainer = self._trainer
+        if state is None or trainer is None or trainer.state.fn != TrainerFn.FITTING:
             return
-        memory = state["train_memory"]
-        if memory is not None:
-            world, rank = self.trainer.world_size, self.trainer.global_rank
-            if memory.size(0) != world:
+        world, rank = trainer.world_size, trainer.global_rank
+        memory, rng = state["train_memory"], state["rng"]
+        rng = rng if isinstance(rng, list) else [rng]  # one process's states
+        for what, count in (("memory", None if memory is None else memory.size(0)), ("random states", len(rng))):
+            if count is not None and count != world:
                 raise CheckpointError(
-                    f"the checkpoint's memory comes from {memory.size(0)} processes, this run has {world}; "
+                    f"the checkpoint's {what} come from {count} processes, this run has {world}; "
                     "resume with the same trainer.devices and trainer.num_nodes"
                 )
-            memory = list(memory[rank].to(self.device).unbind(0))
-        self.mems["train"] = memory
-        set_rng_state(state["rng"])
+        self.memory.unpack(memory, rank)
+        set_rng_state(rng[rank])
 
     # ---- set-up ---------------------------------------------------------------------------------
     def on_fit_start(self) -> None:
@@ -296,13 +306,29 @@ class XLLitModule(L.LightningModule):
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         o = self.optim
         # Fused: one kernel for all parameters (on CPU, ~6x faster than the default foreach step at config S),
-        # and it honours the on-device skip of non-finite steps (on_before_optimizer_step).
+        # and it honours the on-device skip of non-finite steps (on_before_optimizer_step). Under 16-mixed the
+        # GradScaler must unscale the gradients before clipping, which a fused optimizer would do inside its step:
+        # there the foreach implementation runs, and the scaler skips bad steps itself.
+        scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=o.lr, betas=o.betas, eps=o.eps, fused=True,
+            lr=o.lr, betas=o.betas, eps=o.eps, fused=not scaled, foreach=True if scaled else None,
         )
+        if not scaled:
+            # Lightning's mixed-precision plugin refuses to clip for any optimizer that says it unscales gradients
+            # inside its step, scaler or not. With no scaler (bf16-mixed) there is nothing to unscale, so this one
+            # says so; only a GradScaler ever reads the flag.
+            optimizer._step_supports_amp_scaling = False
         total = max(1, int(self.trainer.estimated_stepping_batches))
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: warmup_cosine(step, o.warmup_steps, total, o.min_lr_ratio)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def agree_across_ranks(flag: Tensor) -> Tensor:
+    """``flag`` if any rank raised it: one all-reduce on the device, so the host does not wait."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        flag = flag.to(torch.uint8)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.bool()

@@ -1,105 +1,107 @@
-"""How much the memory cache costs: mem_len × d_model × n_layer × batch × bytes per element.
+"""The recurrent memory's whole life: the update rule, the per-stage store, and checkpoint packing.
 
-One cached tensor per layer holds that layer's input for the last ``mem_len`` positions, so the
-cache is exactly ``n_layer`` tensors of ``[batch, mem_len, d_model]`` (the seed chapter on the
-limits of recurrent memory gives the same product). Run ``python -m xl.memory`` for a table.
+Transformer-XL (Dai et al., 2019) caches, for every layer n, the last ``mem_len`` inputs of that layer (layer
+n-1's outputs; the embeddings for n = 1). Segment t+1 attends over ``StopGrad(memory) ∘ current``: the cache is
+read-only context, so no gradient ever reaches it.
+
+- :func:`update_memory` is the rule: keep the newest ``mem_len`` positions of ``old ∘ current``, detached.
+- :class:`MemoryStore` holds one memory per stage (train/val/test/predict), so that validation never touches the
+  training memory. It checks rows, follows the model to whatever device and dtype it is moved to, and releases
+  an evaluation stage's memory (and its cached keys/values) as soon as that evaluation ends.
+- :meth:`MemoryStore.pack` / :meth:`MemoryStore.unpack` move the training memory of every rank in and out of a
+  checkpoint (only rank 0 writes the file, so the ranks' rows are gathered first).
 """
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
+from torch import Tensor
 
-MiB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class CacheFootprint:
-    mem_len: int
-    d_model: int
-    n_layer: int
-    batch_size: int
-    dtype: torch.dtype
-
-    @property
-    def elements(self) -> int:
-        return self.mem_len * self.d_model * self.n_layer * self.batch_size
-
-    @property
-    def bytes(self) -> int:
-        return self.elements * torch.empty((), dtype=self.dtype).element_size()
-
-    @property
-    def mb(self) -> float:
-        """Mebibytes (2**20 bytes), the unit of the seed's table."""
-        return self.bytes / MiB
-
-    @property
-    def gb(self) -> float:
-        return self.bytes / MiB / 1024
+STAGES = ("train", "val", "test", "predict")
+KV = list[tuple[Tensor, Tensor]]
 
 
-def cache_footprint(
-    mem_len: int, d_model: int, n_layer: int, batch_size: int, dtype: torch.dtype = torch.float32
-) -> CacheFootprint:
-    return CacheFootprint(mem_len, d_model, n_layer, batch_size, dtype)
+def update_memory(
+    mems: list[Tensor], layer_inputs: list[Tensor], mem_len: int, dtype: torch.dtype | None = None
+) -> list[Tensor]:
+    """New memory = last ``mem_len`` positions of ``old ∘ current`` per layer, cut from the graph.
+
+    ``dtype``: the storage dtype (default: that of the old memory).
+    """
+    new = []
+    with torch.no_grad():
+        for m, h in zip(mems, layer_inputs, strict=True):
+            # Copy only what is kept: the newest positions of h, then as many of m's as still fit.
+            from_h = min(mem_len, h.size(1))
+            from_m = min(mem_len - from_h, m.size(1))
+            dtype_ = dtype or m.dtype
+            parts = [m[:, m.size(1) - from_m:].to(dtype_), h[:, h.size(1) - from_h:].to(dtype_)]
+            new.append(torch.cat(parts, dim=1).detach())  # a fresh tensor: callers may clean it in place
+    return new
 
 
-def memory_bytes(mems: list[torch.Tensor]) -> int:
-    """Bytes actually held by a memory (list of per-layer tensors)."""
-    return sum(m.numel() * m.element_size() for m in mems)
+def nbytes(tensors: list[Tensor] | KV | None) -> int:
+    """Bytes held by a memory (per-layer tensors) or by its cached (keys, values) pairs."""
+    if not tensors:
+        return 0
+    flat = [t for item in tensors for t in (item if isinstance(item, tuple) else (item,))]
+    return sum(t.numel() * t.element_size() for t in flat)
 
 
-def format_table(rows: list[CacheFootprint], params: list[int | None] | None = None) -> str:
-    header = f"{'config':<32} {'elements':>14} {'MB':>10} {'GB':>7}"
-    if params is not None:
-        header += f" {'params':>12}"
-    lines = [header, "-" * len(header)]
-    for i, r in enumerate(rows):
-        name = f"{r.mem_len}m × {r.d_model}d × {r.n_layer}L × {r.batch_size}b {str(r.dtype).removeprefix('torch.')}"
-        line = f"{name:<32} {r.elements:>14,} {r.mb:>10.1f} {r.gb:>7.2f}"
-        if params is not None:
-            line += f" {params[i]:>12,}" if params[i] is not None else f" {'':>12}"
-        lines.append(line)
-    return "\n".join(lines)
+class MemoryStore:
+    """One memory per stage, each with the keys/values an evaluation projected from it.
 
+    Tensors stay where they were put (a checkpoint restores them on the CPU, before Lightning moves the module);
+    :meth:`read` moves them to the model's device and storage dtype the first time a stage reads them there.
+    """
 
-# The seed chapter's own table (mem_len, d_model, n_layer, batch).
-SEED_CONFIGS = [(512, 768, 12, 8), (512, 1024, 24, 8), (1024, 1024, 24, 8), (2048, 2048, 36, 4)]
+    def __init__(self) -> None:
+        self.mems: dict[str, list[Tensor] | None] = dict.fromkeys(STAGES)
+        self.kv: dict[str, KV | None] = dict.fromkeys(STAGES)
 
+    def reset(self, stage: str) -> None:
+        """Forget a stage's memory: its streams restart, or its evaluation ended (frees the memory at once)."""
+        self.mems[stage] = self.kv[stage] = None
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Memory-cache footprint of Transformer-XL (and parameter count).")
-    parser.add_argument("--mem-len", type=int)
-    parser.add_argument("--d-model", type=int)
-    parser.add_argument("--n-layer", type=int)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                        help="the cache's storage dtype (memory.mem_dtype); default: float32 and bfloat16 side by side")
-    parser.add_argument("--n-head", type=int, help="with --d-head, --d-inner and --vocab: also count parameters")
-    parser.add_argument("--d-head", type=int)
-    parser.add_argument("--d-inner", type=int)
-    parser.add_argument("--vocab", type=int)
-    args = parser.parse_args(argv)
-    dtypes = [getattr(torch, args.dtype)] if args.dtype else [torch.float32, torch.bfloat16]
-    shape = (args.mem_len, args.d_model, args.n_layer)
-    if all(v is None for v in shape):
-        rows = [cache_footprint(*c, dtype=d) for c in SEED_CONFIGS for d in (torch.float32, torch.bfloat16)]
-        print(format_table(rows))
-        return
-    if any(v is None for v in shape):
-        parser.error("give --mem-len, --d-model and --n-layer together (or none for the reference table)")
-    params = None
-    if None not in (args.n_head, args.d_head, args.d_inner, args.vocab):
-        from xl.model import XLConfig, count_parameters
+    def read(
+        self, stage: str, rows: int, device: torch.device, dtype: torch.dtype, warn: Callable[[str], None]
+    ) -> tuple[list[Tensor] | None, KV | None]:
+        """The stage's memory and cached keys/values for a batch of ``rows`` on ``device``; None when empty.
 
-        cfg = XLConfig(vocab_size=args.vocab, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
-                       d_head=args.d_head, d_inner=args.d_inner, mem_len=args.mem_len)
-        params = [count_parameters(cfg)] + [None] * (len(dtypes) - 1)
-    print(format_table([cache_footprint(*shape, args.batch, dtype) for dtype in dtypes], params))
+        A memory with other rows than the batch belongs to other streams: it is dropped (with ``warn``), not
+        broadcast. One on another device or in another storage dtype is moved there once and kept there.
+        """
+        mems = self.mems[stage]
+        if mems is None:
+            return None, None
+        if mems[0].size(0) != rows:
+            warn(f"{stage} memory holds {mems[0].size(0)} rows but the batch has {rows}; "
+                 "the streams changed, so the memory restarts empty")
+            self.reset(stage)
+            return None, None
+        if mems[0].device != device or mems[0].dtype != dtype:
+            self.mems[stage] = mems = [m.to(device, dtype) for m in mems]
+            self.kv[stage] = None  # projected in the old dtype/device: projected again from the moved memory
+        return mems, self.kv[stage]
 
+    def write(self, stage: str, mems: list[Tensor], kv: KV | None = None) -> None:
+        self.mems[stage], self.kv[stage] = mems, kv
 
-if __name__ == "__main__":
-    main()
+    def nbytes(self, stage: str) -> int:
+        """Bytes a stage holds: its memory and its cached keys/values."""
+        return nbytes(self.mems[stage]) + nbytes(self.kv[stage])
+
+    def pack(self, all_gather: Callable[[Tensor], Tensor], world_size: int) -> Tensor | None:
+        """The training memory of every rank as one CPU tensor [world, n_layer, B, M, d] (every rank calls this)."""
+        mems = self.mems["train"]
+        if mems is None:
+            return None
+        stacked = torch.stack(mems)  # [n_layer, B, M, d]
+        gathered = all_gather(stacked) if world_size > 1 else stacked[None]
+        return gathered.cpu()
+
+    def unpack(self, packed: Tensor | None, rank: int) -> None:
+        """Give this rank back its own rows of a packed training memory (left on the CPU until read)."""
+        self.write("train", None if packed is None else list(packed[rank].unbind(0)))

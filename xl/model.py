@@ -2,7 +2,7 @@
 
 Layer n of segment t attends over ``StopGrad(memory[n]) ∘ h[n-1]`` where ``memory[n]`` holds the
 last ``mem_len`` inputs of layer n from earlier segments (layer n-1's outputs; the embedding for
-n = 1). The memory update lives in one function, :func:`update_memory`.
+n = 1). The memory update rule and its per-stage store live in :mod:`xl.memory`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from xl.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.attention import RelMultiHeadAttention
 from xl.dropout import Dropout, ReLUDropout
+from xl.memory import update_memory
 
 CONTEXT_CACHE_SIZE = 16  # position tables and masks kept per model, least recently used dropped first
 MEM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -113,24 +114,6 @@ class XLOutput:
     mems: list[Tensor]  # n_layer tensors [B, mem_len', d_model], detached
     loss: Tensor | None = None  # token mean over targets != ignore_index
     kv: list[tuple[Tensor, Tensor]] | None = None  # with cache_kv: the new memory's keys/values per layer
-
-
-def update_memory(
-    mems: list[Tensor], layer_inputs: list[Tensor], mem_len: int, dtype: torch.dtype | None = None
-) -> list[Tensor]:
-    """New memory = last ``mem_len`` positions of ``old ∘ current`` per layer, cut from the graph.
-
-    ``dtype``: the storage dtype (default: that of the old memory).
-    """
-    new = []
-    with torch.no_grad():
-        for m, h in zip(mems, layer_inputs, strict=True):
-            # Copy only what is kept: the newest positions of h, then as many of m's as still fit.
-            from_h = min(mem_len, h.size(1))
-            from_m = min(mem_len - from_h, m.size(1))
-            parts = [m[:, m.size(1) - from_m:], h[:, h.size(1) - from_h:].to(dtype or m.dtype)]
-            new.append(torch.cat(parts, dim=1).detach())  # a fresh tensor: callers may clean it in place
-    return new
 
 
 def sinusoid(positions: Tensor, d_model: int) -> Tensor:
@@ -264,11 +247,14 @@ class TransformerXL(nn.Module):
         if key in self._context_cache:
             self._context_cache.move_to_end(key)
             return self._context_cache[key]
-        distances = torch.arange(m_len + q_len - 1, -1, -1, device=device)
-        if clamp_len > 0:
-            distances = distances.clamp(max=clamp_len)
-        value = (sinusoid(distances, self.config.d_model).to(dtype),
-                 attention_mask(q_len, m_len, window, device).to(dtype))
+        # Built as ordinary tensors even under torch.inference_mode (Lightning evaluates in it): the same tables
+        # serve later training steps, and autograd cannot save inference tensors for the backward.
+        with torch.inference_mode(False), torch.no_grad():
+            distances = torch.arange(m_len + q_len - 1, -1, -1, device=device)
+            if clamp_len > 0:
+                distances = distances.clamp(max=clamp_len)
+            value = (sinusoid(distances, self.config.d_model).to(dtype),
+                     attention_mask(q_len, m_len, window, device).to(dtype))
         self._context_cache[key] = value
         if len(self._context_cache) > CONTEXT_CACHE_SIZE:
             self._context_cache.popitem(last=False)  # least recently used
@@ -328,14 +314,20 @@ class TransformerXL(nn.Module):
         pos_emb = self.drop(pos_emb)
 
         h = self.drop(self.embed(input_ids) * self.emb_scale)
+        mem_dtype = cfg.memory_dtype(h.dtype)
+        # A memory stored rounded (mem_dtype) must be seen by the next segment through keys/values of the rounded
+        # states, as it would be without the cache: those are projected from the new memory, not sliced from here.
+        slice_kv = cache_kv and mem_dtype == h.dtype
         layer_inputs, new_kv = [], []
         kept = slice(M + L - min(mem_len, M + L), None)  # the positions the new memory keeps
         for layer, mem, mem_kv in zip(self.layers, mems, kv or [None] * cfg.n_layer, strict=True):
             layer_inputs.append(h)
             h, (k, v) = layer(h, mem, pos_emb, mask, mem_kv)
-            if cache_kv:
+            if slice_kv:
                 new_kv.append((k[:, :, kept], v[:, :, kept]))
-        new_mems = update_memory(mems, layer_inputs, mem_len, cfg.memory_dtype(layer_inputs[0].dtype))
+        new_mems = update_memory(mems, layer_inputs, mem_len, mem_dtype)
+        if cache_kv and not slice_kv:
+            new_kv = [layer.attn.project_memory(m) for layer, m in zip(self.layers, new_mems, strict=True)]
         hidden = self.drop(self.final_norm(h))
         if cfg.cutoffs:
             # Adaptive softmax: the loss never materialises [B, L, vocab]; the logits only when asked for.

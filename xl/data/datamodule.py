@@ -7,6 +7,7 @@ the memory maps on every rank and cuts this rank's streams. ``train_dataloader``
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -91,8 +92,14 @@ class SegmentDataModule(lightning.LightningDataModule):
     def _make_loader(self, split: str) -> SegmentLoader:
         world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
         if split == "train":
-            return SegmentLoader(self.cache.splits[split], self.batch_size, self.tgt_len, rank, world_size, split)
+            return SegmentLoader(self.cache.splits[split], self.batch_size, self.tgt_len, rank, world_size, split,
+                                 epoch_length=self._epoch_length)
         return SegmentLoader(self.cache.splits[split], self.eval_batch_size, self.eval_tgt_len, rank, world_size, split)
+
+    def _epoch_length(self) -> int | None:
+        """Training segments per epoch as the trainer counts them (``limit_train_batches``), once it has."""
+        n = getattr(self.trainer, "num_training_batches", None)
+        return int(n) if isinstance(n, (int, float)) and math.isfinite(n) else None
 
     def _loader(self, split: str) -> SegmentLoader:
         if split not in self._loaders:

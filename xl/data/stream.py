@@ -9,7 +9,7 @@ restores ``state_dict()`` only of that object; it is not a ``DataLoader``, so Li
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -47,8 +47,10 @@ class SegmentLoader:
     """
 
     def __init__(
-        self, ids: np.ndarray, batch_size: int, tgt_len: int, rank: int = 0, world_size: int = 1, name: str = "train"
+        self, ids: np.ndarray, batch_size: int, tgt_len: int, rank: int = 0, world_size: int = 1, name: str = "train",
+        epoch_length: Callable[[], int | None] | None = None,
     ) -> None:
+        """``epoch_length``: how many segments the trainer reads per epoch (``limit_train_batches``), if fewer."""
         if tgt_len < 1:
             raise DataError(f"data.tgt_len must be at least 1, got {tgt_len}")
         self.ids = ids
@@ -60,6 +62,7 @@ class SegmentLoader:
                 "or use a bigger corpus"
             )
         self.batch_size, self.tgt_len, self.rank, self.world_size = batch_size, tgt_len, rank, world_size
+        self.epoch_length = epoch_length
         self._position = 0
         self._resuming = False
 
@@ -86,8 +89,11 @@ class SegmentLoader:
             yield self.segment(t)
 
     def state_dict(self) -> dict[str, Any]:
+        """The next segment to read; at the end of an epoch that is the next epoch's first (Lightning starts a new
+        epoch when it resumes from a checkpoint taken at an epoch's last batch, and reads this loader from there)."""
+        limit = (self.epoch_length and self.epoch_length()) or len(self)
         return {
-            "position": self._position,
+            "position": 0 if self._position >= min(limit, len(self)) else self._position,
             "batch_size": self.batch_size,
             "tgt_len": self.tgt_len,
             "world_size": self.world_size,
