@@ -111,6 +111,7 @@ def expected_text(ckpt: Path, window: int) -> str:
 
 @pytest.mark.parametrize("overrides,window,said", [
     ((), 15, "each new token attends over 16 tokens, the training segment length, data.tgt_len=16"),
+    (("same_length=true",), 16, "each new token attends over 16 tokens, the training segment length, data.tgt_len=16"),
     (("mem_len=4",), 4, "decoding with mem_len=4 (mem_len)"),
 ])
 def test_generate_command_on_a_checkpoint_trained_without_memory(no_memory_ckpt, corpus, tmp_path, monkeypatch,

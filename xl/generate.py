@@ -59,8 +59,8 @@ def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str,
     """The decoder's window (mem_len), clamp_len and same_length, and a line saying where the window comes from.
 
     Each is the generate config's value if set, else the checkpoint's. A model trained without memory
-    (mem_len=0) decodes with a window of its training segment length minus one, so that each new token
-    attends over as many tokens as the last token of a training segment did.
+    (mem_len=0) gets the window with which each new token attends over as many tokens as the last token of
+    a training segment did: its training segment length, itself included.
     """
     saved = checkpoint.model_config
     clamp_len = saved["clamp_len"] if cfg.clamp_len is None else cfg.clamp_len
@@ -73,9 +73,9 @@ def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str,
         tgt_len, origin = checkpoint.train_tgt_len, "the training segment length, data.tgt_len"
         if tgt_len is None:
             tgt_len, origin = cfg.seg_len, "seg_len (the checkpoint does not record its training segment length)"
-        window = max(1, tgt_len - 1)
-        source = (f"the checkpoint was trained without memory: each new token attends over {window + 1} tokens, "
-                  f"{origin}={tgt_len}; set mem_len=N to change")
+        window = tgt_len if same_length else max(1, tgt_len - 1)  # same_length counts the new token in the window
+        source = (f"the checkpoint was trained without memory: each new token attends over "
+                  f"{window if same_length else window + 1} tokens, {origin}={tgt_len}; set mem_len=N to change")
     context = {"window": window, "clamp_len": clamp_len, "same_length": same_length}
     return context, (f"decoding with mem_len={window} ({source}), clamp_len={clamp_len}, "
                      f"same_length={same_length}")
