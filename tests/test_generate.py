@@ -1,4 +1,5 @@
-"""Generation: cached one-token decoding gives exactly what full recomputation gives."""
+"""Generation: greedy decoding gives what full recomputation gives; the command runs on real checkpoints,
+with or without a memory. (The decoder's exactness past one window: tests/test_decoding.py.)"""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import compose_config, run_hydra_main, tiny_overrides
+from xl.build import build_run
 from xl.checkpoint import Checkpoint, CheckpointError
-from xl.generate import IncrementalDecoder, generate, sample
+from xl.generate import generate, main, sample
 from xl.model import TransformerXL, XLConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,22 +46,6 @@ def test_cached_greedy_equals_full_recomputation(pre_lnorm, clamp_len, seg_len, 
     torch.testing.assert_close(cached, greedy_by_recomputation(m, prompt, n, clamp_len), rtol=0, atol=0)
 
 
-def test_step_logits_match_a_forward_with_memory_beyond_the_window():
-    # Past the window, one cached step is a Transformer-XL forward of one token with mem_len = window.
-    m = model()
-    tokens = torch.randint(0, 40, (2, 40))
-    decoder = IncrementalDecoder(m, 2, window=10)
-    decoder.prefill(tokens[:, :30], seg_len=8)
-    mems = None
-    with torch.no_grad():
-        for start in range(0, 30, 8):
-            mems = m(tokens[:, start:min(start + 8, 30)], mems, mem_len=10).mems
-        for t in range(30, 40):
-            out = m(tokens[:, t:t + 1], mems, mem_len=10)
-            mems = out.mems
-            torch.testing.assert_close(decoder.step(tokens[:, t]), out.logits[:, -1], rtol=1e-10, atol=1e-10)
-
-
 def test_sampling_respects_top_k_top_p_and_seed():
     logits = torch.tensor([[4.0, 3.0, 2.0, -5.0, -6.0]]).repeat(500, 1)
     gen = torch.Generator().manual_seed(0)
@@ -70,15 +57,11 @@ def test_sampling_respects_top_k_top_p_and_seed():
 
 
 def test_generate_command_on_a_checkpoint(tmp_path, corpus):
-    from tests.conftest import compose_config, tiny_overrides
-    from xl.build import build_run
-
     run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "trainer.max_steps=2"))
     run.trainer.fit(run.module, datamodule=run.datamodule)
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    data = ["data=text", f"data.train={corpus['train']}", f"data.val={corpus['val']}",
-            f"data.test={corpus['test']}", f"data.cache_dir={tmp_path / 'cache'}"]
+    data = data_overrides(corpus, tmp_path)
     result = subprocess.run([sys.executable, "-m", "xl.generate", f"ckpt={ckpt}", "prompt='def main('",
                              "max_new_tokens=20", "temperature=0", "warmup='import os\n'", *data],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -87,3 +70,68 @@ def test_generate_command_on_a_checkpoint(tmp_path, corpus):
     # A tokenizer other than the training one is refused before anything is printed.
     with pytest.raises(CheckpointError, match="vocabulary of 256 but this data gives 300"):
         Checkpoint.open(str(ckpt)).load_model(300)
+
+
+def data_overrides(corpus: dict[str, Path], tmp_path: Path) -> list[str]:
+    return ["data=text", f"data.train={corpus['train']}", f"data.val={corpus['val']}", f"data.test={corpus['test']}",
+            f"data.cache_dir={tmp_path / 'cache'}"]
+
+
+@pytest.fixture(scope="module")
+def no_memory_ckpt(tmp_path_factory, corpus) -> Path:
+    """A checkpoint trained without memory (mem_len=0) on segments of 16 tokens."""
+    tmp = tmp_path_factory.mktemp("no_memory")
+    run = build_run(compose_config(*tiny_overrides(tmp, corpus), "memory.mem_len=0", "trainer.max_steps=2"))
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    return tmp / "run" / "checkpoints" / "last.ckpt"
+
+
+def generate_in_process(ckpt: Path, corpus, tmp_path, monkeypatch, capsys, *overrides: str) -> tuple[str, str, list]:
+    """``python -m xl.generate`` as the command line runs it; returns stdout, stderr and the decoders' windows."""
+    windows, make_decoder = [], TransformerXL.decoder
+
+    def decoder(self, batch_size, window=None, **context):
+        windows.append(window)
+        return make_decoder(self, batch_size, window, **context)
+
+    monkeypatch.setattr(TransformerXL, "decoder", decoder)
+    capsys.readouterr()
+    run_hydra_main(main, ["xl.generate", f"ckpt={ckpt}", "prompt='def main('", "max_new_tokens=60", "seed=3",
+                          *data_overrides(corpus, tmp_path), f"hydra.run.dir={tmp_path / 'gen'}", *overrides],
+                   monkeypatch)
+    out = capsys.readouterr()
+    return out.out, out.err, windows
+
+
+def expected_text(ckpt: Path, window: int) -> str:
+    model = Checkpoint.open(ckpt).load_model()
+    prompt = torch.tensor([list(b"def main(")])
+    return "def main(" + bytes(generate(model, prompt, 60, window, seed=3)[0].tolist()).decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("overrides,window,said", [
+    ((), 15, "each new token attends over 16 tokens, the training segment length, data.tgt_len=16"),
+    (("same_length=true",), 16, "each new token attends over 16 tokens, the training segment length, data.tgt_len=16"),
+    (("mem_len=4",), 4, "decoding with mem_len=4 (mem_len)"),
+])
+def test_generate_command_on_a_checkpoint_trained_without_memory(no_memory_ckpt, corpus, tmp_path, monkeypatch,
+                                                                 capsys, overrides, window, said):
+    out, err, windows = generate_in_process(no_memory_ckpt, corpus, tmp_path, monkeypatch, capsys, *overrides)
+    assert windows == [window] and said in err and f"decoding with mem_len={window} " in err
+    assert out == expected_text(no_memory_ckpt, window) + "\n"
+
+
+def test_generate_command_without_a_recorded_segment_length_uses_seg_len(no_memory_ckpt, corpus, tmp_path,
+                                                                         monkeypatch, capsys):
+    state = torch.load(no_memory_ckpt, weights_only=True)
+    del state["loops"]  # no train loader position: the training segment length is unknown
+    ckpt = tmp_path / "no_loops.ckpt"
+    torch.save(state, ckpt)
+    out, err, windows = generate_in_process(ckpt, corpus, tmp_path, monkeypatch, capsys, "seg_len=11")
+    assert windows == [10] and "decoding with mem_len=10 (" in err and "seg_len (the checkpoint does not record" in err
+    assert out == expected_text(ckpt, 10) + "\n"
+
+
+def test_generate_command_refuses_an_explicit_zero_memory(no_memory_ckpt, corpus, tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit, match="error: incremental decoding needs a memory: set mem_len"):
+        generate_in_process(no_memory_ckpt, corpus, tmp_path, monkeypatch, capsys, "mem_len=0")

@@ -158,7 +158,7 @@ class RelMultiHeadAttention(nn.Module):
         K = k.size(2)
         q = self.q_net(x).view(B, L, H, D)
         # Batching over heads with the B·L queries as rows shares r across the batch.
-        r = self.r_net(pos_emb).view(K, H, D).permute(1, 2, 0)  # [H, D, K]
+        r = self.project_positions(pos_emb)  # [H, D, K]
         qv = (q + self.r_r_bias).view(B * L, H, D).transpose(0, 1)  # [H, B·L, D], a view
         pos_scores = torch.bmm(qv, r).view(H, B, L, K).transpose(0, 1)  # [B, H, L, K], shifted inside
         q_w, dropatt = (q + self.r_w_bias).transpose(1, 2), self.dropatt if self.training else 0.0
@@ -177,15 +177,15 @@ class RelMultiHeadAttention(nn.Module):
         k, v = self.kv_net(x).view(B, T, 2, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
         return k, v
 
-    def step(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor, qkv_weight: Tensor) -> Tensor:
-        """One new position against cached projections (generation): the forward above with L = 1.
+    def decode_one(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor, qkv_weight: Tensor) -> Tensor:
+        """One new position per row against cached projections (incremental decoding): the forward with L = 1.
 
         h: [B, 1, d] layer input; keys, values: [B, H, M+1, D] views of the cache whose last slot is free:
         this writes h's key and value there (cached ones carry no position, so they stay valid as the
-        window slides); r: [H, D, M+1] projected embeddings of distances M .. 0, already multiplied by
+        window slides); r: [H, D, M+1] :meth:`project_positions` of distances M .. 0, already multiplied by
         ``self.scale``; qkv_weight: :meth:`qkv_weight` (one product for query, key and value: with a few
         rows a step is bound by reading weights, and one larger product reads them faster than two).
-        A single query may see every key: no mask, no shift.
+        The query may see every key it is given: no mask, no shift.
         """
         B = h.size(0)
         H, D = self.n_head, self.d_head
@@ -199,6 +199,10 @@ class RelMultiHeadAttention(nn.Module):
                                              attn_mask=pos_scores[:, :, None], scale=self.scale)
         out = self.o_net(out.reshape(B, 1, H * D))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
+
+    def project_positions(self, pos_emb: Tensor) -> Tensor:
+        """W_r R of relative embeddings [K, d] as [H, D, K] (a view): heads as the batch of the position product."""
+        return self.r_net(pos_emb).view(-1, self.n_head, self.d_head).permute(1, 2, 0)
 
     def qkv_weight(self) -> Tensor:
         """The query projection's weight stacked on the key/value projection's: [3·H·D, d], a copy."""

@@ -83,6 +83,12 @@ class Checkpoint:
         return self.state[XL_KEY].get("train_memory")
 
     @property
+    def train_tgt_len(self) -> int | None:
+        """The training segment length, from the train loader's saved position; None if not recorded."""
+        loaders = self.state.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader") or []
+        return next((s["tgt_len"] for s in loaders if isinstance(s, dict) and "tgt_len" in s), None)
+
+    @property
     def hyper_parameters(self) -> dict[str, Any]:
         return self.state.get("hyper_parameters", {})
 

@@ -10,7 +10,7 @@ Reading of "attention length": Transformer-XL runs with ``mem_len = A`` and ``sa
 every scored token attends over exactly A keys, the same context as a vanilla window of A; the
 segment length (``--tgt-len``, default 128 as in the released enwik8-large evaluation script) is how
 many tokens one forward predicts. The one-token column is generation's decoder
-(:class:`xl.generate.IncrementalDecoder`): one token per step against cached keys, values and projected
+(:meth:`xl.model.TransformerXL.decoder`): one token per step against cached keys, values and projected
 relative embeddings, as the paper's evaluation would run with segments of one token.
 """
 
@@ -22,7 +22,6 @@ import torch
 
 from xl.bench import CONFIG_S, cpu_model, median_rate
 from xl.evaluate import vanilla_nll
-from xl.generate import IncrementalDecoder
 from xl.model import TransformerXL, XLConfig
 
 
@@ -41,13 +40,13 @@ def xl_seconds_per_token(model: TransformerXL, attn_len: int, tgt_len: int, batc
 
 def decode_seconds_per_token(model: TransformerXL, attn_len: int, batch: int, steps: int, repeats: int) -> float:
     """One token per step against a full window of ``attn_len`` cached positions (the window slides)."""
-    decoder = IncrementalDecoder(model, batch, attn_len)
+    decoder = model.decoder(batch, attn_len)
     decoder.prefill(torch.randint(0, model.config.vocab_size, (batch, attn_len)), seg_len=attn_len)
     token = torch.zeros(batch, dtype=torch.long)
 
     def run() -> None:
         for _ in range(steps):
-            decoder.step(token)
+            decoder.feed(token)
 
     return 1.0 / median_rate(run, batch * steps, warmup=1, repeats=repeats)
 

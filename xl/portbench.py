@@ -27,7 +27,6 @@ import torch
 from torch import nn
 
 from xl.bench import CONFIG_S, SegmentRunner, cpu_model, token_stream
-from xl.generate import IncrementalDecoder
 from xl.model import TransformerXL, XLConfig
 
 PORT_INSTALL = ('python -m venv --system-site-packages /tmp/port && /tmp/port/bin/pip install --no-deps '
@@ -75,21 +74,21 @@ def stepper(model: nn.Module, ours: bool, train: bool, tokens: torch.Tensor, tgt
 
 
 def decode_steppers(cfg: XLConfig, batch: int, attn_len: int) -> dict[str, Callable[[], None]]:
-    """One-token decoding against ``attn_len`` cached positions: our :class:`IncrementalDecoder` (cached keys,
-    values and projected embeddings) and the port fed one token at a time with ``mem_len = attn_len``, which
-    re-projects the whole window every token as the 2019 code does."""
+    """One-token decoding against ``attn_len`` cached positions: our decoder (:meth:`TransformerXL.decoder`:
+    cached keys, values and projected embeddings) and the port fed one token at a time with
+    ``mem_len = attn_len``, which re-projects the whole window every token as the 2019 code does."""
     cfg = replace(cfg, mem_len=attn_len)
     ours, port = TransformerXL(cfg).eval(), port_model(cfg).eval()
     context = torch.randint(0, cfg.vocab_size, (batch, attn_len))
     token = torch.zeros(batch, 1, dtype=torch.long)
     with torch.no_grad():
-        decoder = IncrementalDecoder(ours, batch, attn_len)
+        decoder = ours.decoder(batch, attn_len)
         decoder.prefill(context, seg_len=attn_len)
         port_mems = port(input_ids=context).mems
 
     @torch.no_grad()
     def ours_step() -> None:
-        decoder.step(token[:, 0])
+        decoder.feed(token[:, 0])
 
     @torch.no_grad()
     def port_step() -> None:
