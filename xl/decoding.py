@@ -5,9 +5,9 @@ token per row at a time (:meth:`IncrementalDecoder.feed`). Each fed token gets e
 forward of that one token over the memory carried from the previous call, with ``mem_len = window`` and the
 decoder's ``clamp_len`` and ``same_length``: the token attends over the last ``window`` positions and
 itself, or with ``same_length`` over ``window`` keys, itself included (the rule of
-:func:`xl.model.attention_mask`). With a rounded memory (``mem_dtype`` bfloat16/float16) the prefill's keys and values are those of the rounded
-memory, as in the forward; a fed token's own key and value keep the model's precision, so its successors' logits
-differ from a forward over the rounded memory by that rounding.
+:func:`xl.model.attention_mask`). With a rounded memory (``mem_dtype`` bfloat16/float16) the prefill's keys
+and values are those of the rounded memory, as in the forward; a fed token's own key and value keep the model's
+precision, so its successors' logits differ from a forward over the rounded memory by that rounding.
 
 Why it is fast: in Transformer-XL keys and values carry no position (positions enter only through the
 relative term, Dai et al., 2019, section 3.3), so the projected keys and values of earlier tokens stay
