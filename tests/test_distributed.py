@@ -33,7 +33,7 @@ def test_ranks_save_their_own_rng_states_and_agree_on_skipping(tmp_path: Path):
     mp.spawn(_rank_main, args=(str(tmp_path),), nprocs=2, join=True)
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert not torch.equal(results[0]["own"], results[1]["own"])
-    for r, result in enumerate(results):
+    for result in results:
         assert [torch.equal(s["torch"], results[i]["own"]) for i, s in enumerate(result["states"])] == [True, True]
         assert torch.equal(result["restored"], result["own"])  # its own stream, not rank 0's
         assert bool(result["raised"]) and not bool(result["quiet"])
