@@ -19,8 +19,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-# Below this p, drawing the gaps beats drawing every element: at config S's sizes on the 2-core VM
-# the gap draw costs ~1.5 ms + p × 15 ms per million elements, the integer draw ~5 ms.
+# Below this p, drawing the gaps beats drawing every element: at config S's sizes on a 2-core AVX2 CPU the gap
+# draw costs ~1.5 ms + p × 15 ms per million elements, the integer draw ~5 ms.
 SPARSE_BELOW = 0.25
 
 
