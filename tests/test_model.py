@@ -8,7 +8,8 @@ import torch
 from tests.reference import naive_position_scores, reference_attention, reference_logits
 from xl.attention import TrainingAttentionCPU, rel_shift
 from xl.dropout import keep_mask
-from xl.memory import cache_footprint, memory_bytes
+from xl.footprint import cache_footprint
+from xl.memory import memory_bytes
 from xl.model import TransformerXL, XLConfig, attention_mask, count_parameters
 
 TINY = dict(vocab_size=32, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0)

@@ -11,17 +11,15 @@ the seed chapter on the limits of recurrent memory); the prompt follows, then th
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
-import hydra
 import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
 from xl.build import ConfigError, build_datamodule
-from xl.checkpoint import Checkpoint, CheckpointError
-from xl.data import DataError
+from xl.checkpoint import Checkpoint
+from xl.config import entry_point
 from xl.model import TransformerXL, check_context, sinusoid
 
 log = logging.getLogger("generate")
@@ -128,23 +126,23 @@ def generate(model: TransformerXL, prompt: Tensor, max_new_tokens: int, window: 
     return torch.stack(new, dim=1) if new else prompt[:, :0]
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="generate")
+@entry_point("generate")
 def main(cfg: DictConfig) -> None:
+    tokenizer = build_datamodule(cfg).tokenizer
+    model = Checkpoint.open(cfg.ckpt, setting="ckpt").load_model(tokenizer.vocab_size)
+    if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0 or cfg.max_new_tokens < 0:
+        raise ConfigError("temperature must be >= 0, top_p in (0, 1], top_k and max_new_tokens >= 0")
+    warmup = Path(cfg.warmup).read_text() if cfg.warmup and Path(cfg.warmup).is_file() else (cfg.warmup or "")
+    text = warmup + cfg.prompt
+    if not text:
+        raise ConfigError("give a prompt (prompt=\"...\") or a warm-up text (warmup=PATH or text)")
+    window = cfg.mem_len or model.config.mem_len
+    ids = torch.as_tensor(tokenizer.encode(text), dtype=torch.long)[None]
     try:
-        tokenizer = build_datamodule(cfg).tokenizer
-        model = Checkpoint.open(cfg.ckpt, setting="ckpt").load_model(tokenizer.vocab_size)
-        if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0 or cfg.max_new_tokens < 0:
-            raise ConfigError("temperature must be >= 0, top_p in (0, 1], top_k and max_new_tokens >= 0")
-        warmup = Path(cfg.warmup).read_text() if cfg.warmup and Path(cfg.warmup).is_file() else (cfg.warmup or "")
-        text = warmup + cfg.prompt
-        if not text:
-            raise ConfigError("give a prompt (prompt=\"...\") or a warm-up text (warmup=PATH or text)")
-        window = cfg.mem_len or model.config.mem_len
-        ids = torch.as_tensor(tokenizer.encode(text), dtype=torch.long)[None]
         new = generate(model, ids, cfg.max_new_tokens, window, seg_len=cfg.seg_len, clamp_len=cfg.clamp_len,
                        temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed)
-    except (ConfigError, DataError, CheckpointError, ValueError) as err:
-        sys.exit(f"error: {err}")
+    except ValueError as err:  # the decoder's context checks name mem_len / clamp_len
+        raise ConfigError(str(err)) from err
     print(cfg.prompt + tokenizer.decode(new[0].numpy()))
 
 

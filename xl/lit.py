@@ -20,7 +20,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from xl.checkpoint import CheckpointError, rng_state, set_rng_state
-from xl.memory import cache_footprint
+from xl.footprint import cache_footprint
 from xl.model import TransformerXL, XLConfig, check_context
 
 STAGES = ("train", "val", "test", "predict")
@@ -288,7 +288,7 @@ class XLLitModule(L.LightningModule):
         info: dict[str, Any] = {"model/params": sum(p.numel() for p in self.model.parameters())}
         if batch:
             cfg = self.config
-            info["memory/cache_mb"] = cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, batch, dtype).mb
+            info["memory/cache_mb"] = cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, batch, dtype).mib
         self.logger.log_hyperparams(info)
 
     def configure_optimizers(self) -> dict[str, Any]:
