@@ -4,8 +4,16 @@ from real tensors, and the activation estimate bounds what autograd really saves
 import pytest
 import torch
 
-from xl.footprint import (GiB, RunFootprint, activation_elements, available_memory, cache_footprint, describe_run,
-                          main, run_footprint)
+from xl.footprint import (
+    GiB,
+    RunFootprint,
+    activation_elements,
+    available_memory,
+    cache_footprint,
+    describe_run,
+    main,
+    run_footprint,
+)
 from xl.memory import memory_bytes
 from xl.model import TransformerXL, XLConfig, count_parameters
 

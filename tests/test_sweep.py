@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
 from xl.build import build_run
-from xl.hydra_callbacks import FinishWandbRun
 from xl.footprint import cache_footprint
+from xl.hydra_callbacks import FinishWandbRun
 from xl.sweep import write_summary
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from xl.checkpoint import Checkpoint, CheckpointError, check_compatible
 from xl.config import ConfigError
 from xl.data import DataError, make_tokenizer
-from xl.footprint import GiB, NAMES, PRECISION_BYTES, SETTINGS, RunFootprint, available_memory, run_footprint
+from xl.footprint import NAMES, PRECISION_BYTES, SETTINGS, GiB, RunFootprint, available_memory, run_footprint
 from xl.lit import OptimConfig, XLLitModule
 from xl.model import MEM_DTYPES, XLConfig
 
@@ -139,6 +139,15 @@ def model_error(err: Exception) -> ConfigError:
                               str(err)))
 
 
+def xl_config(cfg: DictConfig, vocab_size: int | None = None) -> XLConfig:
+    """The model's XLConfig (validated); ``vocab_size`` defaults to :func:`vocabulary_bound`."""
+    fields = model_config(cfg, vocab_size or vocabulary_bound(cfg))
+    try:
+        return XLConfig.from_dict(fields)
+    except (TypeError, ValueError) as err:
+        raise model_error(err) from None
+
+
 def vocabulary_bound(cfg: DictConfig) -> int:
     """The smallest vocabulary the data can give, before its tokenizer is fitted (byte: exactly 256)."""
     tokenizer = make_tokenizer(cfg.data.tokenizer, **(cfg.data.tokenizer_kwargs or {}))
@@ -152,8 +161,8 @@ def check_arguments(node: Any, key: str) -> None:
         return
     try:
         target = get_object(node._target_)
-    except Exception as err:
-        raise ConfigError(f"{key}._target_={node._target_} cannot be imported ({err})") from None
+    except Exception:
+        raise ConfigError(f"{key}._target_={node._target_} cannot be imported; give a full import path") from None
     try:
         parameters = inspect.signature(target).parameters
     except (TypeError, ValueError):  # no signature to check against
@@ -169,10 +178,7 @@ def check_settings(cfg: DictConfig) -> None:
     """Every check of the training config that needs neither data nor device, in one sentence each."""
     check_ranges(cfg)
     check_memory(cfg.memory)
-    try:
-        XLConfig.from_dict(model_config(cfg, vocabulary_bound(cfg)))
-    except (TypeError, ValueError) as err:
-        raise model_error(err) from None
+    xl_config(cfg)
     try:
         OptimConfig(**OmegaConf.to_container(cfg.optim, resolve=True))
     except (TypeError, ValueError) as err:
@@ -234,7 +240,7 @@ def run_estimate(cfg: DictConfig, vocab_size: int | None = None) -> tuple[RunFoo
     """xl.footprint's estimate for one device of this run, and how many processes share that device's memory
     (on CPU, every process of the machine; on GPUs, one). ``vocab_size`` defaults to :func:`vocabulary_bound`."""
     data, memory = cfg.data, cfg.memory
-    config = XLConfig.from_dict(model_config(cfg, vocab_size or vocabulary_bound(cfg)))
+    config = xl_config(cfg, vocab_size)
     eval_batch = data.batch_size if data.eval_batch_size is None else data.eval_batch_size
     eval_mem_len = memory.mem_len if memory.eval_mem_len is None else memory.eval_mem_len
     precision = str(cfg.trainer.precision)

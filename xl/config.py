@@ -83,7 +83,8 @@ class DataSchema:
 
     _target_: str = "xl.data.SegmentDataModule"
     tokenizer: str = "byte"  # byte | char | word
-    tokenizer_kwargs: dict[str, Any] | None = None  # word: {min_freq: 1, max_size: null}
+    tokenizer_kwargs: Any = None  # word: {min_freq: 1, max_size: null} (a mapping: OmegaConf cannot merge one
+    # into a node typed dict | None that holds null)
     batch_size: int = 8  # streams per device
     eval_batch_size: int | None = None  # null: batch_size
     tgt_len: int = 128  # tokens per segment

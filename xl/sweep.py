@@ -20,8 +20,8 @@ import lightning as L
 import torch
 from omegaconf import OmegaConf
 
-from xl.lit import batch_tokens
 from xl.footprint import cache_footprint
+from xl.lit import batch_tokens
 
 RESULTS_FILE = "results.json"
 
