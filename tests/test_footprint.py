@@ -124,6 +124,9 @@ def test_largest_part_and_description():
     assert fp.total == 6 * GiB and fp.largest() == "train_memory"
     text = describe_run(fp, 12 * GiB, "a test machine", processes=2)
     assert "total × 2 processes" in text and "12.000 GiB (100% used)" in text
+    assert text.splitlines()[-1] == "close (above 80%); lower memory.mem_len or data.batch_size"
+    assert describe_run(fp, 11 * GiB, "x", processes=2).splitlines()[-1].startswith("too big; lower memory.mem_len")
+    assert describe_run(fp, 16 * GiB, "x").splitlines()[-1] == "fits"
 
 
 def test_available_memory_on_cpu_is_at_most_the_machines():
@@ -140,4 +143,4 @@ def test_run_command_itemises_the_main_job(capsys):
     cache = cache_footprint(64, 32, 2, 4).bytes
     assert f"{cache / GiB:.3f} GiB" in out.splitlines()[0] and out.splitlines()[0].startswith("training memory")
     fp = run_footprint(config, batch_size=4, tgt_len=32, eval_batch_size=4, eval_mem_len=64)
-    assert f"{fp.total / GiB:.3f} GiB" in out and "available" in out
+    assert f"{fp.total / GiB:.3f} GiB" in out and "available" in out and out.splitlines()[-1] == "fits"

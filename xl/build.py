@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from xl.checkpoint import Checkpoint, CheckpointError, check_compatible
 from xl.config import ConfigError
 from xl.data import DataError, make_tokenizer
-from xl.footprint import NAMES, PRECISION_BYTES, SETTINGS, GiB, RunFootprint, available_memory, run_footprint
+from xl.footprint import NAMES, PRECISION_BYTES, SETTINGS, GiB, RunFootprint, available_memory, run_footprint, verdict
 from xl.lit import OptimConfig, XLLitModule
 from xl.model import MEM_DTYPES, XLConfig
 
@@ -233,9 +233,6 @@ def check_device(cfg: DictConfig) -> bool:
 
 
 # ---- does it fit ----------------------------------------------------------------------------------------------
-WARN_FRACTION = 0.8
-
-
 def run_estimate(cfg: DictConfig, vocab_size: int | None = None) -> tuple[RunFootprint, int]:
     """xl.footprint's estimate for one device of this run, and how many processes share that device's memory
     (on CPU, every process of the machine; on GPUs, one). ``vocab_size`` defaults to :func:`vocabulary_bound`."""
@@ -253,17 +250,18 @@ def run_estimate(cfg: DictConfig, vocab_size: int | None = None) -> tuple[RunFoo
 
 
 def check_fits(cfg: DictConfig, vocab_size: int | None = None, warn: bool = True) -> None:
-    """Refuse a run whose estimate exceeds the device's free memory, naming the setting; warn above 80%."""
+    """Refuse a run whose estimate exceeds the device's free memory, naming the setting; warn when it is close."""
     footprint, processes = run_estimate(cfg, vocab_size)
     available, where = available_memory(uses_cuda(cfg))
-    need = footprint.total * processes
-    if need <= WARN_FRACTION * available:
+    judged = verdict(footprint, available, processes)
+    if judged == "fits":
         return
     part = footprint.largest()
-    detail = (f"about {need / GiB:,.1f} GiB ({NAMES[part]}: {footprint.parts()[part] * processes / GiB:,.1f} GiB"
-              f"{f' over {processes} processes' if processes > 1 else ''}) against {available / GiB:,.1f} GiB "
+    shared = f" over {processes} processes" if processes > 1 else ""
+    detail = (f"about {footprint.total * processes / GiB:,.1f} GiB ({NAMES[part]}: "
+              f"{footprint.parts()[part] * processes / GiB:,.1f} GiB{shared}) against {available / GiB:,.1f} GiB "
               f"of {where}")
-    if need > available:
+    if judged == "too big":
         raise ConfigError(f"this run needs {detail}; lower {SETTINGS[part]}")
     if warn:
         log.warning("this run needs %s, close to the limit (python -m xl.footprint --run ... itemises it)", detail)

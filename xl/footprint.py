@@ -39,6 +39,7 @@ from xl.model import XLConfig, count_parameters
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
+WARN_FRACTION = 0.8  # of the device's free memory: above it a run is warned about, above all of it refused
 # Bytes per element of the weights (and their gradients and AdamW moments) and of the activations.
 PRECISION_BYTES = {"64-true": (8, 8), "32-true": (4, 4), "bf16-mixed": (4, 4), "16-mixed": (4, 4),
                    "bf16-true": (2, 2), "16-true": (2, 2)}
@@ -154,13 +155,22 @@ def available_memory(cuda: bool) -> tuple[int, str]:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's free RAM"
 
 
+def verdict(footprint: RunFootprint, available: int, processes: int = 1) -> str:
+    """Whether the run fits: ``fits``, ``close`` (above WARN_FRACTION of the available memory) or ``too big``."""
+    need = footprint.total * processes
+    return "too big" if need > available else "close" if need > WARN_FRACTION * available else "fits"
+
+
 def describe_run(footprint: RunFootprint, available: int, where: str, processes: int = 1) -> str:
-    """A table of the estimate and how it compares with the device's memory."""
+    """A table of the estimate, how it compares with the device's memory, and what to lower if it does not fit."""
     lines = [f"{NAMES[name]:<40} {size / GiB:>10.3f} GiB" for name, size in footprint.parts().items()]
     total = footprint.total * processes
     per = f" × {processes} processes" if processes > 1 else ""
     lines.append(f"{'total' + per:<40} {total / GiB:>10.3f} GiB")
     lines.append(f"{'available: ' + where:<40} {available / GiB:>10.3f} GiB ({100 * total / available:.0f}% used)")
+    judged = verdict(footprint, available, processes)
+    advice = "" if judged == "fits" else f"; lower {SETTINGS[footprint.largest()]}"
+    lines.append(f"{judged}{' (above 80%)' if judged == 'close' else ''}{advice}")
     return "\n".join(lines)
 
 
