@@ -20,6 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError
 
 import xl.build
 import xl.evaluate
@@ -28,7 +29,7 @@ from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overri
 from xl.build import RANGES, ConfigError, build_run, check_fits
 from xl.checkpoint import CheckpointError
 from xl.config import compose as compose_or_explain
-from xl.config import describe_error, describe_type
+from xl.config import describe_error, describe_type, entry_point
 from xl.data import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,6 +151,10 @@ def test_a_word_where_a_number_goes_is_one_sentence(key, expected):
     ("model.cutoffs=[20000,a]", "model.cutoffs must be a list of integers, got 'a' at position 1"),
     ("optim.betas=0.9", "optim.betas must be a list of numbers, got '0.9'"),
     ("~model.n_layer", "model.n_layer cannot be removed; set it to another value"),
+    ("memory.mem_len=0,64", "memory.mem_len=0,64 gives several values: add -m to run one job for each, or write "
+                            "memory.mem_len=[0,64] for a list"),
+    ("model.n_layer=[1,", "the command line cannot be read (no viable alternative at input '[1,'); see Hydra's "
+                          "override grammar"),
 ])
 def test_composition_errors_are_one_sentence(override, sentence):
     with pytest.raises(ConfigError) as info:
@@ -212,6 +217,8 @@ def test_a_value_out_of_range_is_one_sentence_before_any_work(key, tmp_path, cor
     ("data.tokenizer=bpe", DataError, "data.tokenizer must be one of"),
     ("data.tokenizer=word data.tokenizer_kwargs={min_freq:0}", DataError,
      "data.tokenizer_kwargs.min_freq must be at least 1"),
+    ("+model.n_layers=5", ConfigError, "model.n_layers is not a setting; model has n_layer, n_head"),
+    ("+optim.momentum=0.9", ConfigError, "optim.momentum is not a setting; optim has lr"),
     ("+trainer.max_step=5", ConfigError, "trainer.max_step is not an argument of lightning.pytorch.Trainer"),
     ("+callbacks.model_checkpoint.every_n_step=5", ConfigError,
      "callbacks.model_checkpoint.every_n_step is not an argument of lightning.pytorch.callbacks.ModelCheckpoint"),
@@ -290,6 +297,7 @@ def train_main() -> None:
                     "data.val=... on the command line"),
     (["memory=longest"], "error: memory=longest is not an option of the memory group; choose one of default, "
                          "long, none, short"),
+    (["run_name=${nowhere}"], "error: run_name cannot be resolved (Interpolation key 'nowhere' not found)"),
 ])
 def test_train_command_reports_one_sentence(argv, sentence, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -297,6 +305,18 @@ def test_train_command_reports_one_sentence(argv, sentence, tmp_path, monkeypatc
     assert "HYDRA_FULL_ERROR" not in os.environ
     assert list(tmp_path.iterdir()) in ([], [tmp_path / "outputs"])  # Hydra's run folder at most, no checkpoint
     assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_a_failure_inside_a_command_keeps_its_traceback(tmp_path, monkeypatch):
+    """Only composition errors become one sentence: a bug in the command itself still raises."""
+    monkeypatch.chdir(tmp_path)
+
+    @entry_point("config")
+    def broken(cfg: DictConfig) -> None:
+        return cfg.no_such_key
+
+    with pytest.raises(ConfigAttributeError):
+        run_hydra_main(broken, ["broken.py", "logger=none"], monkeypatch)
 
 
 def test_evaluate_command_without_a_checkpoint(tmp_path, monkeypatch, capsys):

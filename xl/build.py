@@ -14,7 +14,7 @@ import inspect
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -174,8 +174,19 @@ def check_arguments(node: Any, key: str) -> None:
             raise ConfigError(f"{key}.{name} is not an argument of {node._target_}; remove it")
 
 
+def check_added_keys(cfg: DictConfig) -> None:
+    """Keys added with ``+`` to a group that takes only its schema's (model, memory, optim)."""
+    for group in ("model", "memory", "optim"):
+        node = cfg[group]
+        known = [f.name for f in fields(OmegaConf.get_type(node))]
+        for name in node:
+            if name not in known:
+                raise ConfigError(f"{group}.{name} is not a setting; {group} has {', '.join(known)}")
+
+
 def check_settings(cfg: DictConfig) -> None:
     """Every check of the training config that needs neither data nor device, in one sentence each."""
+    check_added_keys(cfg)
     check_ranges(cfg)
     check_memory(cfg.memory)
     xl_config(cfg)

@@ -28,7 +28,7 @@ import hydra
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from hydra.errors import CompactHydraException, InstantiationException
+from hydra.errors import CompactHydraException, InstantiationException, OverrideParseException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -370,6 +370,13 @@ def _settings(object_type: str | None) -> list[str]:
 def describe_error(err: BaseException) -> str:
     """One sentence for a Hydra/OmegaConf composition error (the full key, and the type or the options)."""
     text = "\n".join(str(e) for e in (err, err.__cause__) if e is not None)
+    ambiguous = re.search(r"Ambiguous value for argument '([^=']+)=([^']*)'", text)
+    if ambiguous:
+        key, value = ambiguous.groups()
+        return (f"{key}={value} gives several values: add -m to run one job for each, "
+                f"or write {key}=[{value}] for a list")
+    if isinstance(err, OverrideParseException):
+        return f"the command line cannot be read ({text.splitlines()[0]}); see Hydra's override grammar"
     found = re.search(r"Could not find '([^']+)'", text)
     if found:  # a group option that does not exist
         group, _, option = found.group(1).rpartition("/")
@@ -395,8 +402,9 @@ def describe_error(err: BaseException) -> str:
         return f"{key} cannot be removed; set it to another value"
     if key and "ValidationError" in text + type(err.__cause__).__name__:
         value = re.search(r"Value '(.*)' (?:of type|is not)", text)
-        given = re.search(r"override [^=\s]+=(.*)", text)
-        got = "null" if "is not Optional" in text else value.group(1) if value else given.group(1) if given else None
+        given = re.search(r"override ([^=\s]+)=(.*)", text)
+        given_here = given.group(2) if given and given.group(1) == key else None
+        got = "null" if "is not Optional" in text else value.group(1) if value else given_here
         item = re.fullmatch(r"(.+)\[(\d+)\]", key)
         listed = re.search(r"reference_type=List\[(\w+)\]", text)
         if item and listed:  # one element of a typed list
@@ -409,8 +417,13 @@ def describe_error(err: BaseException) -> str:
     return first.rstrip(".")
 
 
-def check_missing(cfg: DictConfig) -> None:
-    """Refuse a config with required keys left unset (``???``), naming them."""
+def check_complete(cfg: DictConfig) -> None:
+    """Refuse a config with an interpolation that cannot be resolved, or required keys left unset (``???``)."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "a setting"
+        raise ConfigError(f"{key} cannot be resolved ({str(err).splitlines()[0]})") from None
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         names = ", ".join(missing)
@@ -462,8 +475,12 @@ def entry_point(config_name: str) -> Callable[[Callable[[DictConfig], T]], Calla
         @functools.wraps(task)
         def job(cfg: DictConfig) -> T:
             with exit_on_user_error():
-                check_missing(cfg)
-                return task(cfg)
+                check_complete(cfg)
+                try:
+                    return task(cfg)
+                except Exception as err:
+                    err.raised_by_job = True  # a failure of the command, not of composition: keep its traceback
+                    raise
 
         hydra_main = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(job)
 
@@ -475,7 +492,7 @@ def entry_point(config_name: str) -> Callable[[Callable[[DictConfig], T]], Calla
             try:
                 return hydra_main()
             except (CompactHydraException, OmegaConfBaseException) as err:
-                if isinstance(err, InstantiationException):
+                if isinstance(err, InstantiationException) or getattr(err, "raised_by_job", False):
                     raise
                 sys.exit(f"error: {describe_error(err)}")
             finally:
