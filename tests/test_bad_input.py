@@ -147,7 +147,7 @@ def test_a_word_where_a_number_goes_is_one_sentence(key, expected):
     ("precision=fp16", "precision=fp16 is not an option of the precision group; choose one of 16-mixed, 32-true, "
                        "auto, bf16-mixed, bf16-true"),
     ("memory.mem_len=null", "memory.mem_len must be an integer, got 'null'"),
-    ("memory.eval_same_length=maybe", "memory.eval_same_length must be true or false or null, got 'maybe'"),
+    ("memory.eval_same_length=maybe", "memory.eval_same_length must be true, false or null, got 'maybe'"),
     ("model.cutoffs=[20000,a]", "model.cutoffs must be a list of integers, got 'a' at position 1"),
     ("optim.betas=0.9", "optim.betas must be a list of numbers, got '0.9'"),
     ("~model.n_layer", "model.n_layer cannot be removed; set it to another value"),

@@ -324,6 +324,7 @@ register()
 # ---- one sentence for a bad config ----------------------------------------------------------------------------
 
 
+@functools.cache
 def _schema_classes() -> dict[str, type]:
     found: dict[str, type] = {}
     for node in SCHEMAS.values():
@@ -339,19 +340,19 @@ TYPE_WORDS = {int: ("an integer", "integers"), float: ("a number", "numbers"), b
 
 
 def describe_type(hint: Any) -> str:
-    """``int | None`` -> "an integer or null": what a user may write for a key of this type."""
-    if hint in TYPE_WORDS:
-        return TYPE_WORDS[hint][0]
+    """``bool | None`` -> "true, false or null": what a user may write for a key of this type."""
     origin, args = get_origin(hint), get_args(hint)
-    if origin in (Union, types.UnionType):
-        present = [a for a in args if a is not type(None)]
-        words = "a number" if set(present) == {int, float} else " or ".join(describe_type(a) for a in present)
-        return words + (" or null" if len(present) < len(args) else "")
-    if origin is list:
-        return f"a list of {TYPE_WORDS[args[0]][1]}" if args and args[0] in TYPE_WORDS else "a list"
-    if origin is dict:
-        return "a mapping"
-    return "a value"
+    if origin not in (Union, types.UnionType):
+        if hint in TYPE_WORDS:
+            return TYPE_WORDS[hint][0]
+        if origin is list:
+            return f"a list of {TYPE_WORDS[args[0]][1]}" if args and args[0] in TYPE_WORDS else "a list"
+        return "a mapping" if origin is dict else "a value"
+    present = [a for a in args if a is not type(None)]
+    choices = ["a number"] if set(present) == {int, float} else [
+        word for a in present for word in (["true", "false"] if a is bool else [describe_type(a)])]
+    choices += ["null"] if len(present) < len(args) else []
+    return choices[0] if len(choices) == 1 else f"{', '.join(choices[:-1])} or {choices[-1]}"
 
 
 def _expected(object_type: str | None, key: str) -> str | None:
@@ -408,7 +409,7 @@ def describe_error(err: BaseException) -> str:
         item = re.fullmatch(r"(.+)\[(\d+)\]", key)
         listed = re.search(r"reference_type=List\[(\w+)\]", text)
         if item and listed:  # one element of a typed list
-            plural = {"int": "integers", "float": "numbers", "str": "strings", "bool": "booleans"}
+            plural = {t.__name__: words[1] for t, words in TYPE_WORDS.items()}
             return (f"{item.group(1)} must be a list of {plural.get(listed.group(1), listed.group(1))}, "
                     f"got {got!r} at position {item.group(2)}{where}")
         expected = _expected(obj, key) or "of another type"
