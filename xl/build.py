@@ -62,8 +62,12 @@ def _batches(v: Any) -> bool:
 
 
 def _devices(v: Any) -> bool:
-    return (v == "auto" or v == -1 or (_int(v) and v >= 1) or (isinstance(v, str) and re.fullmatch(r"\d+(,\d+)*,?", v))
-            or (OmegaConf.is_list(v) and len(v) > 0 and all(_int(i) and i >= 0 for i in v)))
+    """Lightning's trainer.devices: a count, -1 (all), "auto", indices "0,1", or a list of indices."""
+    if isinstance(v, str):
+        return v == "auto" or bool(re.fullmatch(r"\d+(,\d+)*,?", v))
+    if OmegaConf.is_list(v):
+        return len(v) > 0 and all(_int(i) and i >= 0 for i in v)
+    return v == -1 or (_int(v) and v >= 1)
 
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -106,13 +110,14 @@ RANGES: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
     ("seed", "an integer in [0, 2**32)", lambda v: 0 <= v < 2**32),
     ("max_nonfinite_steps", "an integer >= 1", _at_least(1)),
 )
-MISSING_VALUE = object()
+ABSENT = object()
 
 
 def check_ranges(cfg: DictConfig) -> None:
+    """Every rule of RANGES whose key the config has."""
     for key, expected, ok in RANGES:
-        value = OmegaConf.select(cfg, key, default=MISSING_VALUE)
-        if value is not MISSING_VALUE and not ok(value):
+        value = OmegaConf.select(cfg, key, default=ABSENT)
+        if value is not ABSENT and not ok(value):
             shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
             raise ConfigError(f"{key} must be {expected}, got {shown!r}")
 
@@ -129,8 +134,7 @@ def check_memory(memory: DictConfig) -> None:
                           "set memory.eval_mem_len > 0 or memory.eval_same_length=false")
 
 
-GROUP_OF_FIELD = {"mem_len": "memory", "clamp_len": "memory", "same_length": "memory", "mem_dtype": "memory",
-                  "vocab_size": "data"}
+GROUP_OF_FIELD = {"mem_len": "memory", "clamp_len": "memory", "same_length": "memory", "mem_dtype": "memory"}
 
 
 def model_error(err: Exception) -> ConfigError:
@@ -141,9 +145,9 @@ def model_error(err: Exception) -> ConfigError:
 
 def xl_config(cfg: DictConfig, vocab_size: int | None = None) -> XLConfig:
     """The model's XLConfig (validated); ``vocab_size`` defaults to :func:`vocabulary_bound`."""
-    fields = model_config(cfg, vocab_size or vocabulary_bound(cfg))
+    values = model_config(cfg, vocab_size or vocabulary_bound(cfg))
     try:
-        return XLConfig.from_dict(fields)
+        return XLConfig.from_dict(values)
     except (TypeError, ValueError) as err:
         raise model_error(err) from None
 
