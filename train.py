@@ -10,24 +10,18 @@ import errno
 import logging
 import sys
 
-import hydra
 from omegaconf import DictConfig
 
-from xl.build import ConfigError, build_run
+from xl.build import build_run
 from xl.callbacks import exit_if_preempted
-from xl.checkpoint import CheckpointError
-from xl.data import DataError
+from xl.config import entry_point
 from xl.lit import NonFiniteError
 
 log = logging.getLogger("train")
 
 
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:
-    try:
-        run = build_run(cfg)
-    except (ConfigError, DataError, CheckpointError) as err:
-        # One sentence, no traceback: the message names the setting to change.
-        sys.exit(f"error: {err}")
+    run = build_run(cfg)  # a bad setting ends the command with one sentence (xl.config.entry_point)
     trainer, module, datamodule = run.trainer, run.module, run.datamodule
     if cfg.train:
         try:
@@ -62,7 +56,7 @@ def report(trainer, metrics: dict[str, float]) -> None:
     log.info("results\n%s", "\n".join(lines))
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@entry_point("config")
 def main(cfg: DictConfig) -> float | None:
     metrics = fit_and_test(cfg)
     # The objective of sweepers (e.g. Optuna): validation loss of the run.

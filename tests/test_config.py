@@ -1,16 +1,25 @@
-"""Every option of every config group composes, and builds what it names."""
+"""Every option of every config group composes against its schema, states only what differs from it, and builds
+what it names."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
+import lightning as L
 import pytest
 import torch
-from hydra.errors import ConfigCompositionException
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, compose_config
-from xl.build import ConfigError, build_callbacks, build_loggers, check_device, model_config
-from xl.model import XLConfig, check_context, count_parameters
+from tests.test_experiments import closed_form_parameters
+from xl.build import ConfigError, build_callbacks, build_loggers, check_device, check_memory, model_config
+from xl.config import CALLBACKS, LOGGERS, SCHEMAS, FilesDataSchema, MemorySchema, ModelSchema, OptimSchema
+from xl.config import compose as compose_or_explain
+from xl.data import SegmentDataModule
+from xl.lit import OptimConfig
+from xl.model import XLConfig, count_parameters
 
 
 def options(group: str) -> list[str]:
@@ -25,24 +34,45 @@ def test_groups_have_the_promised_options():
     assert {"wandb", "tensorboard", "csv", "none"} <= set(options("logger"))
 
 
+MODEL_SHAPES = {  # (n_layer, n_head, d_model, d_head, d_inner, dropout), parameters with a byte vocabulary
+    "tiny": ((2, 2, 32, 16, 64, 0.0), 27_200),
+    "small": ((4, 4, 256, 64, 1024, 0.1), 3_484_672),  # config S of the benchmarks
+    "base": ((12, 8, 512, 64, 2048, 0.1), 41_093_120),  # the paper's enwik8 base: 41M
+}
+
+
 @pytest.mark.parametrize("option", options("model"))
 def test_model_options(option):
     cfg = compose_config(f"model={option}")
     config = XLConfig.from_dict(model_config(cfg, vocab_size=256))
-    assert count_parameters(config) > 0
+    shape, params = MODEL_SHAPES[option]
+    m = cfg.model
+    assert (m.n_layer, m.n_head, m.d_model, m.d_head, m.d_inner, m.dropout) == shape
+    # The closed form counts the adaptive softmax's word biases; the plain softmax has none.
+    assert count_parameters(config) == closed_form_parameters(config) - config.vocab_size == params
 
 
-def test_base_model_is_the_papers_enwik8_base_shape():
-    cfg = compose_config("model=base")
-    assert (cfg.model.n_layer, cfg.model.d_model, cfg.model.n_head, cfg.model.d_inner) == (12, 512, 8, 2048)
+MEMORY = {  # mem_len, eval_mem_len, clamp_len, eval_clamp_len, same_length, eval_same_length
+    "none": (0, 0, -1, None, False, None),
+    "short": (64, None, -1, None, False, None),
+    "default": (128, None, -1, None, False, None),
+    "long": (256, 1024, -1, None, False, True),
+}
 
 
 @pytest.mark.parametrize("option", options("memory"))
 def test_memory_options(option):
     m = compose_config(f"memory={option}").memory
-    check_context(m.mem_len, m.clamp_len, m.same_length)
-    check_context(m.eval_mem_len if m.eval_mem_len is not None else m.mem_len, m.clamp_len,
-                  bool(m.eval_same_length if m.eval_same_length is not None else m.same_length))
+    values = (m.mem_len, m.eval_mem_len, m.clamp_len, m.eval_clamp_len, m.same_length, m.eval_same_length)
+    assert values == MEMORY[option]
+    assert m.mem_dtype == "float32"
+    check_memory(m)
+
+
+def test_the_main_job_keeps_four_segments_of_memory():
+    """conf/memory/default.yaml's comment: 128 positions = 4 segments of the main job's 32 tokens."""
+    cfg = compose_config()
+    assert cfg.memory.mem_len == 4 * cfg.data.tgt_len == 128 and cfg.data.batch_size == 16
 
 
 @pytest.mark.parametrize("option", options("precision"))
@@ -64,31 +94,52 @@ def test_auto_precision_on_a_gpu_is_mixed(monkeypatch, bf16, expected):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     cfg = compose_config("trainer=gpu")
-    check_device(cfg)
+    assert check_device(cfg) is True
     assert cfg.trainer.precision == expected
     cpu = compose_config("trainer=cpu")  # an explicit CPU run stays float32 even where a GPU is visible
-    check_device(cpu)
+    assert check_device(cpu) is False
     assert cpu.trainer.precision == "32-true"
+
+
+TRAINERS = {"cpu": ("cpu", 1, "SingleDeviceStrategy"), "ddp": ("auto", 2, "DDPStrategy")}
 
 
 @pytest.mark.parametrize("option", options("trainer"))
 def test_trainer_options(option, tmp_path):
     cfg = compose_config(f"trainer={option}", f"paths.output_dir={tmp_path}")
     if option in ("gpu", "fsdp"):  # Lightning's FSDP is CUDA only (tests/test_launchers.py)
+        assert cfg.trainer.accelerator == "gpu"
         with pytest.raises(ConfigError, match="trainer=cpu"):
             check_device(cfg)
         return
     check_device(cfg)
     trainer = instantiate(cfg.trainer, logger=False, enable_progress_bar=False)
+    assert (cfg.trainer.accelerator, cfg.trainer.devices, type(trainer.strategy).__name__) == TRAINERS[option]
+    assert trainer.max_steps == 1500 and trainer.gradient_clip_val == 0.25 and trainer.default_root_dir == str(tmp_path)
     if option == "ddp":
         assert trainer.strategy._ddp_kwargs.get("broadcast_buffers") is False
 
 
+LOGGER_TYPES = {"none": [], "wandb": ["WandbLogger"], "tensorboard": ["TensorBoardLogger"], "csv": ["CSVLogger"]}
+
+
 @pytest.mark.parametrize("option", options("logger"))
 def test_logger_options(option, tmp_path):
-    cfg = compose_config(f"logger={option}", f"paths.output_dir={tmp_path}")
+    cfg = compose_config(f"logger={option}", f"paths.output_dir={tmp_path}", "tags=[a,b]")
     loggers = build_loggers(cfg)
-    assert len(loggers) == (0 if option == "none" else 1)
+    assert [type(logger).__name__ for logger in loggers] == LOGGER_TYPES[option]
+    for logger in loggers:
+        assert str(logger.save_dir) == str(tmp_path)
+    if option == "wandb":
+        assert cfg.logger.wandb.offline is True and list(cfg.logger.wandb.tags) == ["a", "b"]
+
+
+DATA = {  # source class (None: local files), its name argument, tokenizer
+    "stdlib": ("StdlibSource", None, "byte"), "text": ("TextFilesSource", None, "byte"),
+    "enwik8": ("HubSource", "enwik8", "byte"), "text8": ("HubSource", "text8", "char"),
+    "wikitext103": ("HubSource", "wikitext-103", "word"), "wikitext2": ("HubSource", "wikitext-2", "word"),
+    "recall": ("RecallSource", None, "byte"),
+}
 
 
 @pytest.mark.parametrize("option", options("data"))
@@ -96,17 +147,30 @@ def test_data_options(option, tmp_path):
     extra = [f"data.train={tmp_path}/a.txt", f"data.val={tmp_path}/b.txt", f"data.test={tmp_path}/c.txt"]
     cfg = compose_config(f"data={option}", f"data.cache_dir={tmp_path}", *(extra if option == "text" else []))
     datamodule = instantiate(cfg.data)  # building is lazy: no file is read, nothing downloaded
-    assert datamodule.batch_size == cfg.data.batch_size
+    source, name, tokenizer = DATA[option]
+    assert type(datamodule.source).__name__ == source and getattr(datamodule.source, "name", None) == name
+    assert datamodule.tokenizer_name == tokenizer
+    assert (datamodule.batch_size, datamodule.tgt_len) == (16, 32)  # the main job's (conf/config.yaml)
+    assert datamodule.eval_batch_size == datamodule.batch_size and datamodule.eval_tgt_len == datamodule.tgt_len
 
 
 def test_callbacks_build(tmp_path):
-    names = {type(c).__name__ for c in build_callbacks(compose_config(f"paths.output_dir={tmp_path}"))}
-    assert {"ModelCheckpoint", "LearningRateMonitor", "ThroughputMonitor", "TQDMProgressBar"} <= names
+    callbacks = build_callbacks(compose_config(f"paths.output_dir={tmp_path}"))
+    assert [type(c).__name__ for c in callbacks] == ["ModelCheckpoint", "LearningRateMonitor", "ThroughputMonitor",
+                                                     "TQDMProgressBar", "PreemptionCheckpoint", "JobSummary"]
+    checkpoint = callbacks[0]
+    assert (checkpoint.dirpath, checkpoint.monitor, checkpoint.save_top_k, checkpoint.save_last) == (
+        str(tmp_path / "checkpoints"), "val/loss", 1, True)
+    assert [type(c).__name__ for c in build_callbacks(compose_config(f"paths.output_dir={tmp_path}"),
+                                                      with_logger=False)] == [
+        "ModelCheckpoint", "TQDMProgressBar", "PreemptionCheckpoint", "JobSummary"]
+    names = build_callbacks(compose_config(f"paths.output_dir={tmp_path}", "~callbacks.throughput"))
+    assert "ThroughputMonitor" not in [type(c).__name__ for c in names] and len(names) == 5
 
 
 def test_unknown_key_is_rejected():
-    with pytest.raises(ConfigCompositionException, match="memory.mem_lenn"):
-        compose_config("memory.mem_lenn=3")
+    with pytest.raises(ConfigError, match=r"^memory.mem_lenn is not a setting; did you mean memory.mem_len\?$"):
+        compose_or_explain("config", ["memory.mem_lenn=3"])
 
 
 def test_defaults_are_cpu_fp32_wandb_offline():
@@ -116,3 +180,73 @@ def test_defaults_are_cpu_fp32_wandb_offline():
     assert cfg.trainer.precision == "32-true"
     assert cfg.logger.wandb.offline is True
     assert OmegaConf.select(cfg, "data.source._target_").endswith("StdlibSource")
+
+
+# ---- the schema is the reference ---------------------------------------------------------------------------
+def names(schema: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")}
+
+
+def test_schema_mirrors_the_code_it_configures():
+    context = {"mem_len", "clamp_len", "same_length", "mem_dtype"}
+    xl_fields = {f.name for f in dataclasses.fields(XLConfig)}
+    assert names(ModelSchema) == xl_fields - context - {"vocab_size"}
+    assert {n for n in names(MemorySchema) if not n.startswith("eval_")} == context
+    for schema in (ModelSchema, MemorySchema):  # the defaults are XLConfig's
+        for f in dataclasses.fields(schema):
+            if f.name in xl_fields:
+                default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+                assert type(getattr(XLConfig, f.name))(default) == getattr(XLConfig, f.name), f.name
+    assert names(OptimSchema) == {f.name for f in dataclasses.fields(OptimConfig)}
+    data_args = set(inspect.signature(SegmentDataModule).parameters) - {"source"}
+    assert names(FilesDataSchema) == data_args | set(inspect.signature(SegmentDataModule.from_files).parameters) - {
+        "kwargs"}
+    trainer_args = set(inspect.signature(L.Trainer).parameters)
+    assert names(SCHEMAS["trainer/schema"]) <= trainer_args
+    for schema in [*CALLBACKS.values(), *LOGGERS.values()]:
+        parameters = inspect.signature(get_object(schema._target_)).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):  # WandbLogger passes on to wandb.init
+            assert names(schema) <= set(parameters), schema.__name__
+
+
+def parent_defaults(group: str, entry: str) -> dict:
+    """What an option file's defaults-list entry gives: a schema's defaults, or another option composed."""
+    node = SCHEMAS.get(f"{group}/{entry}")
+    if node is not None:
+        return OmegaConf.to_container(OmegaConf.create(
+            {k: OmegaConf.structured(v) for k, v in node.items()} if isinstance(node, dict) else
+            OmegaConf.structured(node)))
+    return option_values(group, entry)
+
+
+def option_values(group: str, option: str) -> dict:
+    body = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")) or {}
+    merged: dict = {}
+    for entry in body.pop("defaults", []):
+        if entry != "_self_":
+            merged = OmegaConf.to_container(OmegaConf.merge(merged, parent_defaults(group, entry)))
+    return OmegaConf.to_container(OmegaConf.merge(merged, body))
+
+
+def restated(body: dict, base: dict, prefix: str = "") -> list[str]:
+    found = []
+    for key, value in body.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            found += restated(value, base[key], f"{prefix}{key}.")
+        elif key in base and base[key] == value:
+            found.append(f"{prefix}{key}")
+    return found
+
+
+GROUPS = ["model", "memory", "data", "optim", "trainer", "callbacks", "logger"]
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_option_files_state_only_what_differs(group, option):
+    body = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")) or {}
+    entries = [e for e in body.pop("defaults", []) if e != "_self_"]
+    assert entries or option == "none", f"{group}/{option}.yaml names no schema"
+    base: dict = {}
+    for entry in entries:
+        base = OmegaConf.to_container(OmegaConf.merge(base, parent_defaults(group, entry)))
+    assert restated(body, base) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import CONF_DIR, compose_config
-from xl.build import model_config
+from xl.build import check_settings, model_config
 from xl.model import XLConfig, count_parameters
 
 WT103_VOCAB = 267_735  # words of the WikiText-103 training split, with <eos> (Dai et al., 2019)
@@ -26,6 +26,8 @@ def test_experiment_composes_and_matches_the_papers_size(name, vocab, paper):
     params = count_parameters(config)  # on the meta device: nothing allocated
     assert abs(params - paper) / paper < 0.03, f"{name}: {params:,} parameters vs the paper's {paper:,.0f}"
     assert cfg.memory.eval_mem_len > cfg.memory.mem_len and cfg.memory.eval_same_length
+    check_settings(cfg)  # every range and relation holds
+
 
 
 def closed_form_parameters(c: XLConfig) -> int:

@@ -40,7 +40,7 @@ def test_job_summary_records_metrics_speed_and_cost(tmp_path, corpus):
     assert results["test/bpb"] == pytest.approx(float(run.trainer.callback_metrics["test/bpb"]))
     assert (results["mem_len"], results["tgt_len"], results["batch_size"], results["unit"]) == (16, 16, 4, "bpb")
     assert results["params"] == sum(p.numel() for p in run.module.parameters())
-    assert results["cache_mb"] == cache_footprint(16, 32, 2, 4).mb
+    assert results["cache_mb"] == cache_footprint(16, 32, 2, 4).mib
     assert results["train_tokens"] == 20 * 4 * 16 and results["train_tok_s"] > 0 and results["wall_s"] > 0
 
 

@@ -12,12 +12,9 @@ scoring them, so that every scored token has a full memory. ``vanilla=true`` is 
 from __future__ import annotations
 
 import logging
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-import hydra
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -25,8 +22,8 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from xl.build import ConfigError, build_datamodule, build_trainer, check_device
-from xl.checkpoint import Checkpoint, CheckpointError, check_vocabulary
-from xl.data import DataError
+from xl.checkpoint import Checkpoint, check_vocabulary
+from xl.config import entry_point
 from xl.lit import XLLitModule
 from xl.model import TransformerXL
 
@@ -191,13 +188,9 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     return results
 
 
-# An absolute path: found the same way under `python -m xl.evaluate` and when main() is called in-process.
-@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="evaluate")
+@entry_point("evaluate")
 def main(cfg: DictConfig) -> None:
-    try:
-        evaluate(cfg)
-    except (ConfigError, DataError, CheckpointError) as err:
-        sys.exit(f"error: {err}")
+    evaluate(cfg)
 
 
 if __name__ == "__main__":

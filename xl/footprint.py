@@ -1,18 +1,48 @@
-"""How much the memory cache costs: mem_len × d_model × n_layer × batch × bytes per element.
+"""What a run holds on its device: the memory cache, the evaluation memory, the weights, one step's activations.
 
-One cached tensor per layer holds that layer's input for the last ``mem_len`` positions, so the
-cache is exactly ``n_layer`` tensors of ``[batch, mem_len, d_model]`` (the seed chapter on the
-limits of recurrent memory gives the same product). Run ``python -m xl.footprint`` for a table.
+The cache is exact: one tensor per layer holds that layer's input for the last ``mem_len`` positions, so it is
+``n_layer`` tensors of ``[batch, mem_len, d_model]`` (:func:`cache_footprint`). :func:`run_footprint` adds the
+rest of a training run, per device (each rank holds its own batch rows):
+
+* evaluation memory: the same product at ``eval_mem_len`` and the evaluation batch, plus the projected keys and
+  values that evaluation carries with it, ``2 × eval_mem_len × n_head × d_head × n_layer × eval batch``; the last
+  validation's stays allocated while training goes on;
+* parameters, gradients and AdamW's two moments: four copies of the weights;
+* activations kept for the backward pass of one training step, with ``K = mem_len + tgt_len`` keys per query,
+  per layer: the attention probabilities and the position scores, ``2 × B × H × L × K`` (one more with
+  attention dropout, its mask); keys and values over memory ∘ segment, ``2 × B × K × H × D``; content and
+  position queries, ``2 × B × L × H × D``; the feed-forward hidden layer, ``2 × B × L × d_inner``; six
+  ``B × L × d_model`` tensors (layer input, attention output, norms, residual sums). Once per step: one more
+  ``B × H × L × K`` for the gradient of one layer's scores in the backward pass, and the output layer,
+  ``2 × B × L × V`` (log-probabilities and their gradient). With adaptive input and softmax, V is the head's
+  ``cutoffs[0] + tail clusters`` plus the widest tail cluster (each tail scores only the positions whose target
+  falls in it: this is the worst case), and each cluster adds ``B × L × d_model`` tensors for its lookup,
+  projection and selected states. tests/test_footprint.py measures what autograd saves with saved-tensor
+  hooks: the estimate is at least that and at most 2.5 times it. Activations are counted in float32 under
+  the mixed precisions, an upper estimate.
+
+It leaves out the allocator's slack, the CUDA context and library workspaces, so a run estimated near the
+device's memory may still not fit: :func:`xl.build.check_fits` warns above 80% and refuses above 100%.
+``python -m xl.footprint`` prints the cache table, one cache, or a whole run's estimate (``--run``).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
+from xl.model import XLConfig, count_parameters
+
 MiB = 1024 * 1024
+GiB = 1024 * MiB
+WARN_FRACTION = 0.8  # of the device's free memory: above it a run is warned about, above all of it refused
+# Bytes per element of the weights (and their gradients and AdamW moments) and of the activations.
+PRECISION_BYTES = {"64-true": (8, 8), "32-true": (4, 4), "bf16-mixed": (4, 4), "16-mixed": (4, 4),
+                   "bf16-true": (2, 2), "16-true": (2, 2)}
 
 
 @dataclass(frozen=True)
@@ -32,13 +62,13 @@ class CacheFootprint:
         return self.elements * torch.empty((), dtype=self.dtype).element_size()
 
     @property
-    def mb(self) -> float:
-        """Mebibytes (2**20 bytes), the unit of the seed's table."""
+    def mib(self) -> float:
+        """Mebibytes (2**20 bytes)."""
         return self.bytes / MiB
 
     @property
-    def gb(self) -> float:
-        return self.bytes / MiB / 1024
+    def gib(self) -> float:
+        return self.bytes / GiB
 
 
 def cache_footprint(
@@ -47,26 +77,139 @@ def cache_footprint(
     return CacheFootprint(mem_len, d_model, n_layer, batch_size, dtype)
 
 
+@dataclass(frozen=True)
+class RunFootprint:
+    """Bytes one device holds during training, by what holds them."""
+
+    train_memory: int
+    eval_memory: int  # evaluation memory and its cached keys/values
+    parameters: int  # weights, gradients, AdamW moments
+    activations: int  # one training step's, for the backward pass
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def parts(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def largest(self) -> str:
+        return max(self.parts(), key=self.parts().get)
+
+
+# The settings that shrink each part (for the message of a run that cannot fit).
+SETTINGS = {"train_memory": "memory.mem_len or data.batch_size",
+            "eval_memory": "memory.eval_mem_len or data.eval_batch_size",
+            "parameters": "the model (model.n_layer, model.d_model, model.d_inner)",
+            "activations": "data.tgt_len, data.batch_size or memory.mem_len"}
+NAMES = {"train_memory": "training memory", "eval_memory": "evaluation memory and its keys/values",
+         "parameters": "weights, gradients and AdamW state", "activations": "one training step's activations"}
+
+
+def activation_elements(config: XLConfig, batch: int, tgt_len: int, mem_len: int) -> int:
+    """Elements autograd keeps for one training step, plus the backward's transients (the module docstring)."""
+    B, L, H, D, d = batch, tgt_len, config.n_head, config.d_head, config.d_model
+    K = mem_len + tgt_len
+    scores = B * H * L * K
+    per_layer = ((3 if config.dropatt else 2) * scores + 2 * B * K * H * D + 2 * B * L * H * D
+                 + 2 * B * L * config.d_inner + 6 * B * L * d)
+    outputs, adaptive = config.vocab_size, 0
+    if config.cutoffs:
+        bounds = [0, *config.cutoffs, config.vocab_size]
+        tails = len(config.cutoffs)
+        # The head for every position, and at worst the widest tail cluster; each cluster's embedding lookup
+        # and projection, and each tail's selected hidden states.
+        outputs = config.cutoffs[0] + tails + max(hi - lo for lo, hi in zip(bounds[1:], bounds[2:], strict=False))
+        adaptive = (2 * (tails + 1) + tails) * B * L * d
+    return config.n_layer * per_layer + scores + 2 * B * L * outputs + adaptive
+
+
+def run_footprint(config: XLConfig, *, batch_size: int, tgt_len: int, eval_batch_size: int, eval_mem_len: int,
+                  precision: str = "32-true") -> RunFootprint:
+    """The estimate of the module docstring for a training run of ``config`` (its ``mem_len`` trains)."""
+    weight_bytes, act_bytes = PRECISION_BYTES[precision]
+    state_dtype = {8: torch.float64, 4: torch.float32, 2: torch.bfloat16}[weight_bytes]
+    mem_dtype = config.memory_dtype(state_dtype)
+    c = config
+    train = cache_footprint(c.mem_len, c.d_model, c.n_layer, batch_size, mem_dtype).bytes
+    eval_states = cache_footprint(eval_mem_len, c.d_model, c.n_layer, eval_batch_size, mem_dtype).bytes
+    eval_kv = 2 * eval_mem_len * c.n_head * c.d_head * c.n_layer * eval_batch_size * act_bytes
+    return RunFootprint(
+        train_memory=train,
+        eval_memory=eval_states + eval_kv,
+        parameters=4 * count_parameters(config) * weight_bytes,
+        activations=activation_elements(config, batch_size, tgt_len, c.mem_len) * act_bytes,
+    )
+
+
+def available_memory(cuda: bool) -> tuple[int, str]:
+    """Bytes free for this run, and where: the current GPU's free memory, or the machine's available RAM."""
+    if cuda:
+        free, _ = torch.cuda.mem_get_info()
+        return free, f"GPU {torch.cuda.get_device_name()}"
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        return int(info["MemAvailable"].split()[0]) * 1024, "this machine's available RAM"
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's free RAM"
+
+
+def verdict(footprint: RunFootprint, available: int, processes: int = 1) -> str:
+    """Whether the run fits: ``fits``, ``close`` (above WARN_FRACTION of the available memory) or ``too big``."""
+    need = footprint.total * processes
+    return "too big" if need > available else "close" if need > WARN_FRACTION * available else "fits"
+
+
+def describe_run(footprint: RunFootprint, available: int, where: str, processes: int = 1) -> str:
+    """A table of the estimate, how it compares with the device's memory, and what to lower if it does not fit."""
+    lines = [f"{NAMES[name]:<40} {size / GiB:>10.3f} GiB" for name, size in footprint.parts().items()]
+    total = footprint.total * processes
+    per = f" × {processes} processes" if processes > 1 else ""
+    lines.append(f"{'total' + per:<40} {total / GiB:>10.3f} GiB")
+    lines.append(f"{'available: ' + where:<40} {available / GiB:>10.3f} GiB ({100 * total / available:.0f}% used)")
+    judged = verdict(footprint, available, processes)
+    advice = "" if judged == "fits" else f"; lower {SETTINGS[footprint.largest()]}"
+    lines.append(f"{judged}{' (above 80%)' if judged == 'close' else ''}{advice}")
+    return "\n".join(lines)
+
+
 def format_table(rows: list[CacheFootprint], params: list[int | None] | None = None) -> str:
-    header = f"{'config':<32} {'elements':>14} {'MB':>10} {'GB':>7}"
+    header = f"{'config':<32} {'elements':>14} {'MiB':>10} {'GiB':>7}"
     if params is not None:
         header += f" {'params':>12}"
     lines = [header, "-" * len(header)]
     for i, r in enumerate(rows):
         name = f"{r.mem_len}m × {r.d_model}d × {r.n_layer}L × {r.batch_size}b {str(r.dtype).removeprefix('torch.')}"
-        line = f"{name:<32} {r.elements:>14,} {r.mb:>10.1f} {r.gb:>7.2f}"
+        line = f"{name:<32} {r.elements:>14,} {r.mib:>10.1f} {r.gib:>7.2f}"
         if params is not None:
             line += f" {params[i]:>12,}" if params[i] is not None else f" {'':>12}"
         lines.append(line)
     return "\n".join(lines)
 
 
-# The seed chapter's own table (mem_len, d_model, n_layer, batch).
+# The reference table's configurations (mem_len, d_model, n_layer, batch): 12 × 768 to 36 × 2048, 512 to 2,048
+# positions of memory.
 SEED_CONFIGS = [(512, 768, 12, 8), (512, 1024, 24, 8), (1024, 1024, 24, 8), (2048, 2048, 36, 4)]
 
 
+def print_run(overrides: list[str]) -> None:
+    """The estimate of the training run that ``python train.py OVERRIDES`` would start, against this machine."""
+    from xl.build import check_device, run_estimate
+    from xl.config import compose, exit_on_user_error
+
+    with exit_on_user_error():
+        cfg = compose("config", overrides)
+        cuda = check_device(cfg)
+        footprint, processes = run_estimate(cfg)
+    print(describe_run(footprint, *available_memory(cuda), processes))
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Memory-cache footprint of Transformer-XL (and parameter count).")
+    parser = argparse.ArgumentParser(description="Memory-cache footprint of Transformer-XL (and parameter count), "
+                                                 "or with --run the whole estimate of a training run.")
+    parser.add_argument("--run", nargs="*", metavar="KEY=VALUE",
+                        help="estimate the run of `python train.py KEY=VALUE ...` (the estimate train.py checks)")
     parser.add_argument("--mem-len", type=int)
     parser.add_argument("--d-model", type=int)
     parser.add_argument("--n-layer", type=int)
@@ -78,6 +221,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--d-inner", type=int)
     parser.add_argument("--vocab", type=int)
     args = parser.parse_args(argv)
+    if args.run is not None:
+        print_run(args.run)
+        return
     dtypes = [getattr(torch, args.dtype)] if args.dtype else [torch.float32, torch.bfloat16]
     shape = (args.mem_len, args.d_model, args.n_layer)
     if all(v is None for v in shape):
@@ -86,10 +232,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if any(v is None for v in shape):
         parser.error("give --mem-len, --d-model and --n-layer together (or none for the reference table)")
-    params = None
+    params: list[Any] | None = None
     if None not in (args.n_head, args.d_head, args.d_inner, args.vocab):
-        from xl.model import XLConfig, count_parameters
-
         cfg = XLConfig(vocab_size=args.vocab, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
                        d_head=args.d_head, d_inner=args.d_inner, mem_len=args.mem_len)
         params = [count_parameters(cfg)] + [None] * (len(dtypes) - 1)

@@ -12,14 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
 from xl.build import ConfigError, build_datamodule
-from xl.checkpoint import Checkpoint, CheckpointError
-from xl.data import DataError
+from xl.checkpoint import Checkpoint
+from xl.config import entry_point
 from xl.model import TransformerXL
 
 
@@ -82,25 +81,25 @@ def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str,
 
 
 # An absolute path: found the same way under `python -m xl.generate` and when main() is called in-process.
-@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="generate")
+@entry_point("generate")
 def main(cfg: DictConfig) -> None:
+    tokenizer = build_datamodule(cfg).tokenizer
+    checkpoint = Checkpoint.open(cfg.ckpt, setting="ckpt")
+    model = checkpoint.load_model(tokenizer.vocab_size)
+    if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0 or cfg.max_new_tokens < 0:
+        raise ConfigError("temperature must be >= 0, top_p in (0, 1], top_k and max_new_tokens >= 0")
+    warmup = Path(cfg.warmup).read_text() if cfg.warmup and Path(cfg.warmup).is_file() else (cfg.warmup or "")
+    text = warmup + cfg.prompt
+    if not text:
+        raise ConfigError("give a prompt (prompt=\"...\") or a warm-up text (warmup=PATH or text)")
+    context, described = decoding_context(cfg, checkpoint)
+    del checkpoint  # the weights are in the model; free the optimizer state
+    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)[None]
     try:
-        tokenizer = build_datamodule(cfg).tokenizer
-        checkpoint = Checkpoint.open(cfg.ckpt, setting="ckpt")
-        model = checkpoint.load_model(tokenizer.vocab_size)
-        if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0 or cfg.max_new_tokens < 0:
-            raise ConfigError("temperature must be >= 0, top_p in (0, 1], top_k and max_new_tokens >= 0")
-        warmup = Path(cfg.warmup).read_text() if cfg.warmup and Path(cfg.warmup).is_file() else (cfg.warmup or "")
-        text = warmup + cfg.prompt
-        if not text:
-            raise ConfigError("give a prompt (prompt=\"...\") or a warm-up text (warmup=PATH or text)")
-        context, described = decoding_context(cfg, checkpoint)
-        del checkpoint  # the weights are in the model; free the optimizer state
-        ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)[None]
         new = generate(model, ids, cfg.max_new_tokens, seg_len=cfg.seg_len, temperature=cfg.temperature,
                        top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed, **context)
-    except (ConfigError, DataError, CheckpointError, ValueError) as err:
-        sys.exit(f"error: {err}")
+    except ValueError as err:  # the decoder's context checks name mem_len / clamp_len
+        raise ConfigError(str(err)) from err
     print(described, file=sys.stderr)  # stdout holds only the text
     print(cfg.prompt + tokenizer.decode(new[0].numpy()))
 

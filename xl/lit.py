@@ -298,7 +298,7 @@ class XLLitModule(L.LightningModule):
         info: dict[str, Any] = {"model/params": sum(p.numel() for p in self.model.parameters())}
         if batch:
             cfg = self.config
-            info["memory/cache_mb"] = cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, batch, dtype).mb
+            info["memory/cache_mb"] = cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, batch, dtype).mib
         self.logger.log_hyperparams(info)
 
     def configure_optimizers(self) -> dict[str, Any]:

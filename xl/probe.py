@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from xl.config import exit_on_user_error
+
 KEYS = b"ABCDEFGHIJKLMNOP"
 FILLER = ord(".")
 QUERY = ord("?")
@@ -137,12 +139,10 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
     ``n_layer ×`` the largest memory plus one segment (unless ``data.source.gap`` is overridden), beyond even a
     relayed reach, so no query can see an earlier episode's key.
     """
-    from hydra import compose, initialize_config_dir
-
     from xl.build import build_run
     from xl.callbacks import exit_if_preempted
+    from xl.config import compose
 
-    conf_dir = Path(__file__).resolve().parents[1] / "conf"
     results: dict[int, dict[int, float]] = {}
     seg_len = n_layer = 0
     for mem_len in mem_lens:
@@ -150,11 +150,10 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
                 f"memory.eval_mem_len={mem_len}", f"data.source.distances=[{','.join(map(str, distances))}]",
                 f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
                 f"paths.output_dir={out_dir / f'mem{mem_len}'}"]
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            shape = compose("config", overrides=[*base, *overrides])
-            seg_len, n_layer = shape.data.tgt_len, shape.model.n_layer
-            gap = [f"data.source.gap={n_layer * max(mem_lens) + seg_len}"]
-            cfg = compose("config", overrides=[*base, *gap, *overrides])
+        shape = compose("config", [*base, *overrides])
+        seg_len, n_layer = shape.data.tgt_len, shape.model.n_layer
+        gap = [f"data.source.gap={n_layer * max(mem_lens) + seg_len}"]
+        cfg = compose("config", [*base, *gap, *overrides])
         start = time.time()
         run = build_run(cfg)
         run.trainer.fit(run.module, datamodule=run.datamodule)
@@ -217,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.time()
-    results, seg_len, n_layer = run_probe(args.mem_lens, args.distances, args.steps, args.out, args.overrides)
+    with exit_on_user_error():
+        results, seg_len, n_layer = run_probe(args.mem_lens, args.distances, args.steps, args.out, args.overrides)
     print(write_report(results, args.distances, args.out, seg_len, n_layer))
     print(f"plot: {args.out / 'probe.png'}; wall time {time.time() - start:.0f} s")
 

@@ -64,7 +64,7 @@ class JobSummary(L.Callback):
             write_json(self.path, {**self.describe(trainer, pl_module), **self.metrics})
 
     def describe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        """The run's context and cost; ``cache_mb`` is one rank's training memory (as ``python -m xl.memory``)."""
+        """The run's context and cost; ``cache_mb`` is one rank's training memory (as ``python -m xl.footprint``)."""
         cfg = pl_module.config
         datamodule = trainer.datamodule
         dtype = next(pl_module.parameters()).dtype
@@ -75,7 +75,7 @@ class JobSummary(L.Callback):
             "batch_size": datamodule.batch_size,
             "unit": pl_module.quality_name,
             "params": sum(p.numel() for p in pl_module.parameters()),
-            "cache_mb": cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, datamodule.batch_size, dtype).mb,
+            "cache_mb": cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, datamodule.batch_size, dtype).mib,
             "steps": trainer.global_step,
             "train_tokens": self.train_tokens,
             "train_tok_s": self.train_tokens / self.train_seconds if self.train_seconds else None,

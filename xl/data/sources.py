@@ -96,6 +96,8 @@ class TextFilesSource:
 
     def _checked(self, split: str) -> Path:
         path = self.paths[split]
+        if path.is_dir():
+            raise DataError(f"data.{split}={path} is a folder; set data.{split}=PATH to a text file")
         if not path.is_file():
             raise DataError(f"data.{split} file {path} does not exist; set data.{split}=PATH to a text file")
         if path.stat().st_size == 0:
