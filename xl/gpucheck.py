@@ -317,7 +317,11 @@ def check_throughput(ctx: Context, experiment: str, overrides: tuple[str, ...], 
                                      batch, overrides, peak=peak)
     detail = (f"{ctx.plan.bench_precision}, {cfg.n_layer} layers × d_model {cfg.d_model}, batch {batch}, "
               f"tgt_len {tgt_len}, mem_len {cfg.mem_len}: {r['tokens_per_s']:,.0f} tokens/s, step {r['step_ms']:.1f} "
-              f"ms, {r['tflops']:.1f} TFLOP/s, MFU {r['mfu']:.1%}, peak memory {r['peak_gib']:.2f} GiB")
+              f"ms, {r['tflops']:.1f} TFLOP/s")
+    if math.isfinite(r["mfu"]):
+        detail += f", MFU {r['mfu']:.1%}"
+    if math.isfinite(r["peak_gib"]):
+        detail += f", peak memory {r['peak_gib']:.2f} GiB"
     ok = math.isfinite(r["tokens_per_s"]) and r["tokens_per_s"] > 0 and math.isfinite(r["loss"])
     return Result("PASS" if ok else "FAIL", detail + f", last loss {r['loss']:.3f}")
 

@@ -11,7 +11,7 @@ Reading of "attention length": Transformer-XL runs with ``mem_len = A`` and ``sa
 every scored token attends over exactly A keys, the same context as a vanilla window of A; the
 segment length (``--tgt-len``, default 128 as in the released enwik8-large evaluation script) is how
 many tokens one forward predicts. The one-token column is generation's decoder
-(:func:`xl.bench.runner.prefilled_decoder`): one token per step against cached keys, values and projected
+(:func:`xl.bench.runner.one_token_decoder`): one token per step against cached keys, values and projected
 relative embeddings, as the paper's evaluation would run with segments of one token.
 """
 
@@ -21,7 +21,7 @@ import argparse
 
 import torch
 
-from xl.bench.runner import SegmentRunner, prefilled_decoder
+from xl.bench.runner import SegmentRunner, one_token_decoder
 from xl.bench.shared import CONFIG_S, cpu_model, median_rate
 from xl.evaluate import vanilla_nll
 from xl.model import TransformerXL, XLConfig
@@ -39,12 +39,12 @@ def xl_seconds_per_token(model: TransformerXL, attn_len: int, tgt_len: int, batc
 
 def decode_seconds_per_token(model: TransformerXL, attn_len: int, batch: int, steps: int, repeats: int) -> float:
     """One token per step against a full window of ``attn_len`` cached positions (the window slides)."""
-    decoder = prefilled_decoder(model, batch, attn_len)
+    step = one_token_decoder(model, batch, attn_len)
     token = torch.zeros(batch, dtype=torch.long)
 
     def run() -> None:
         for _ in range(steps):
-            decoder.step(token)
+            step(token)
 
     return 1.0 / median_rate(run, batch * steps, warmup=1, repeats=repeats)
 

@@ -27,7 +27,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
-from xl.bench.runner import SegmentRunner, prefilled_decoder, token_stream
+from xl.bench.runner import SegmentRunner, one_token_decoder, token_stream
 from xl.bench.shared import CONFIG_S, cpu_model
 from xl.model import TransformerXL, XLConfig, XLOutput
 
@@ -65,12 +65,12 @@ def decode_steppers(cfg: XLConfig, batch: int, attn_len: int) -> dict[str, Calla
     ours, port = TransformerXL(cfg).eval(), port_model(cfg).eval()
     token = torch.zeros(batch, 1, dtype=torch.long)
     with torch.no_grad():
-        decoder = prefilled_decoder(ours, batch, attn_len)
+        ours_feed = one_token_decoder(ours, batch, attn_len)
         port_mems = port(input_ids=torch.randint(0, cfg.vocab_size, (batch, attn_len))).mems
 
     @torch.no_grad()
     def ours_step() -> None:
-        decoder.step(token[:, 0])
+        ours_feed(token[:, 0])
 
     @torch.no_grad()
     def port_step() -> None:

@@ -11,6 +11,7 @@ gradients and carries the memory's projected keys and values (``cache_kv``), as 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
@@ -129,8 +130,9 @@ class SegmentRunner:
         return out
 
 
-def prefilled_decoder(model: TransformerXL, batch: int, attn_len: int) -> IncrementalDecoder:
-    """The one-token decoder with ``attn_len`` positions of random context already read (a full window)."""
+def one_token_decoder(model: TransformerXL, batch: int, attn_len: int) -> Callable[[Tensor], Tensor]:
+    """Generation's decoder with ``attn_len`` positions of random context already read (a full window); returns
+    its one-token step (tokens [B] → next-token logits [B, vocab])."""
     decoder = IncrementalDecoder(model, batch, attn_len)
     decoder.prefill(torch.randint(0, model.config.vocab_size, (batch, attn_len)), seg_len=attn_len)
-    return decoder
+    return decoder.step
