@@ -56,6 +56,8 @@ class Plan:
     train_steps: int
     resume_steps: int  # stopped after half of them; epochs of 4 segments, so the stop falls mid-epoch
     run_precision: str  # of the resume and eval-memory checks
+    # Validation reads eval_rows streams of the ~33 KB val split for val_batches segments of 16, enough to fill an
+    # eval_mem_len memory: what the eval-memory check sees released.
     eval_rows: int
     eval_mem_len: int
     val_batches: int
@@ -66,7 +68,7 @@ class Plan:
 
 PLANS = {
     "cuda": Plan("cuda", ("bf16-mixed", "16-mixed", "32-true"), train_steps=30, resume_steps=12,
-                 run_precision="bf16-mixed", eval_rows=32, eval_mem_len=512, val_batches=40,
+                 run_precision="bf16-mixed", eval_rows=64, eval_mem_len=256, val_batches=24,
                  bench=(("S", (), None), ("enwik8_base", (), None)), bench_precision="bf16-mixed", bench_steps=10),
     "cpu": Plan("cpu", ("bf16-mixed", "32-true"), train_steps=4, resume_steps=6, run_precision="32-true",
                 eval_rows=8, eval_mem_len=64, val_batches=8,
