@@ -96,7 +96,7 @@ class Context:
         self.runs += 1
         c = self.corpus
         trainer = "gpu" if self.plan.device == "cuda" else "cpu"
-        return compose([
+        return compose("config", [
             "model=tiny", "data=text", "logger=none", "test=false", f"trainer={trainer}",
             f"data.train={c['train']}", f"data.val={c['val']}", f"data.test={c['test']}",
             f"data.cache_dir={self.folder / 'cache'}", f"paths.output_dir={self.folder / f'run{self.runs}'}",

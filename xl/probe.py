@@ -100,9 +100,9 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
                 f"memory.eval_mem_len={mem_len}", f"data.source.distances=[{','.join(map(str, distances))}]",
                 f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
                 f"paths.output_dir={out_dir / f'mem{mem_len}'}"]
-        shape = compose([*base, *overrides])
+        shape = compose("config", [*base, *overrides])
         seg_len, n_layer = shape.data.tgt_len, shape.model.n_layer
-        cfg = compose([*base, f"data.source.gap={n_layer * max(mem_lens) + seg_len}", *overrides])
+        cfg = compose("config", [*base, f"data.source.gap={n_layer * max(mem_lens) + seg_len}", *overrides])
         start = time.time()
         run = build_run(cfg)
         run.trainer.fit(run.module, datamodule=run.datamodule)

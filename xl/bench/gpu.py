@@ -63,7 +63,7 @@ def experiment_shape(name: str) -> tuple[dict, int, int]:
         return dict(CONFIG_S), 8, 128
     from xl.build import model_config
 
-    cfg = compose([f"experiment={name}"])
+    cfg = compose("config", [f"experiment={name}"])
     return model_config(cfg, 256), cfg.data.batch_size, cfg.data.tgt_len
 
 

@@ -38,10 +38,10 @@ def median_rate(run: Callable[[], object], work: float, warmup: int, repeats: in
     return statistics.median(rates)
 
 
-def compose(overrides: Sequence[str]) -> DictConfig:
-    """The project's Hydra config (conf/config.yaml) with ``overrides``, as ``python train.py`` composes it."""
+def compose(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """``conf/<config_name>.yaml`` with ``overrides``, as the entry points compose it (for tools that build runs)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
+        return hydra_compose(config_name, overrides=list(overrides))
