@@ -317,7 +317,7 @@ def check_throughput(ctx: Context, experiment: str, overrides: tuple[str, ...], 
     _, peak = peak_tflops(device)
     cfg, batch, tgt_len, r = measure(experiment, ctx.plan.bench_precision, device, ctx.plan.bench_steps, 3,
                                      batch, overrides, peak=peak)
-    detail = (f"{ctx.plan.bench_precision}, {cfg.n_layer} layers × d_model {cfg.d_model}, batch {batch}, "
+    detail = (f"{ctx.plan.bench_precision}, n_layer {cfg.n_layer}, d_model {cfg.d_model}, batch {batch}, "
               f"tgt_len {tgt_len}, mem_len {cfg.mem_len}: {r['tokens_per_s']:,.0f} tokens/s, step {r['step_ms']:.1f} "
               f"ms, {r['tflops']:.1f} TFLOP/s")
     if math.isfinite(r["mfu"]):
