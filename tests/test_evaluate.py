@@ -13,7 +13,6 @@ import xl.evaluate
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
 from xl.build import ConfigError, build_run
 from xl.checkpoint import Checkpoint, CheckpointError
-from xl.evalspeed import main as evalspeed_main
 from xl.evaluate import eval_context, evaluate, vanilla_nll
 from xl.model import TransformerXL, XLConfig
 
@@ -152,13 +151,3 @@ def test_command_line_prints_the_table(trained, corpus, tmp_path, monkeypatch):
     lines = [line.split() for line in out.splitlines() if line.strip().startswith(("val ", "test "))]
     assert [row[0] for row in lines] == ["val", "test"]
     assert all(row[3] == f"{4 * 16 * 4:,}" for row in lines)  # 5 segments, 1 of them warm-up
-
-
-def test_speed_benchmark_reports_all_modes():
-    rows = evalspeed_main(["--attn-lens", "16", "32", "--tgt-len", "8", "--batch", "2", "--positions", "2",
-                           "--repeats", "1", "--threads", "1"])
-    assert [r["attn_len"] for r in rows] == [16, 32]
-    for r in rows:
-        assert r["xl_us"] > 0 and r["vanilla_us"] > 0 and r["one_token_us"] > 0
-        assert r["speedup"] == pytest.approx(r["vanilla_us"] / r["xl_us"])
-        assert r["one_token_speedup"] == pytest.approx(r["vanilla_us"] / r["one_token_us"])

@@ -12,36 +12,16 @@ import yaml
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
-from xl.build import build_run
-from xl.footprint import cache_footprint
 from xl.hydra_callbacks import FinishWandbRun
 from xl.sweep import write_summary
 
 ROOT = Path(__file__).resolve().parents[1]
-# Until conf/callbacks/default.yaml lists it, the job summary is added on the command line.
-JOB_SUMMARY = ["++callbacks.job_summary._target_=xl.sweep.JobSummary",
-               "++callbacks.job_summary.path=${paths.output_dir}/results.json"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def run_train(argv: list[str], monkeypatch) -> None:
     """train.py as the command line runs it (as __main__, so Hydra finds conf/ next to it), in this process."""
     run_hydra_main(lambda: runpy.run_path(str(ROOT / "train.py"), run_name="__main__"), argv, monkeypatch)
-
-
-def test_job_summary_records_metrics_speed_and_cost(tmp_path, corpus):
-    cfg = compose_config(*tiny_overrides(tmp_path, corpus), *JOB_SUMMARY)
-    run = build_run(cfg)
-    run.trainer.fit(run.module, datamodule=run.datamodule)
-    val_loss = float(run.trainer.callback_metrics["val/loss"])
-    run.trainer.test(run.module, datamodule=run.datamodule, verbose=False)
-    results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert results["val/loss"] == pytest.approx(val_loss)
-    assert results["test/bpb"] == pytest.approx(float(run.trainer.callback_metrics["test/bpb"]))
-    assert (results["mem_len"], results["tgt_len"], results["batch_size"], results["unit"]) == (16, 16, 4, "bpb")
-    assert results["params"] == sum(p.numel() for p in run.module.parameters())
-    assert results["cache_mb"] == cache_footprint(16, 32, 2, 4).mib
-    assert results["train_tokens"] == 20 * 4 * 16 and results["train_tok_s"] > 0 and results["wall_s"] > 0
 
 
 def fake_job(sweep: Path, name: str, overrides: list[str], results: dict | None) -> None:
@@ -89,9 +69,9 @@ def test_summary_table_plot_and_wandb_run(tmp_path, monkeypatch):
 
 
 def sweep_argv(tmp_path: Path, corpus, *extra: str) -> list[str]:
-    """A tiny multirun; each job writes into its own numbered folder of the sweep."""
+    """A tiny multirun; each job writes into its own numbered folder of the sweep (and its results.json there)."""
     overrides = [o for o in tiny_overrides(tmp_path, corpus) if not o.startswith(("paths.", "memory."))]
-    return ["train.py", "-m", *overrides, *JOB_SUMMARY, f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    return ["train.py", "-m", *overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}",
             "hydra.sweep.subdir=${hydra.job.num}", *extra]
 
 

@@ -1,21 +1,30 @@
-"""Stopping cleanly when the cluster or the user says so.
+"""Lightning callbacks of the callbacks group: stopping cleanly when asked, and the job's summary for sweeps.
 
 SIGTERM (most schedulers), SIGUSR1 (SLURM's warning before preemption) and SIGINT (Ctrl+C) only
 raise a flag; the run stops at the next step boundary, where the memory, the data position and the
 weights agree, and writes ``last.ckpt`` there. Lightning writes checkpoints through an fsspec
 transaction (a temporary file renamed into place), so a good ``last.ckpt`` is never replaced by a
 truncated one. A second Ctrl+C interrupts at once.
+
+:class:`JobSummary` writes the job's metrics, training throughput and cost into ``results.json`` in the run
+folder, which :mod:`xl.sweep` gathers into a sweep's summary.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_info
+
+from xl.footprint import cache_footprint
+from xl.lit import batch_tokens
 
 SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
 
@@ -72,3 +81,68 @@ def exit_if_preempted(trainer: L.Trainer) -> None:
             run_dir = trainer.default_root_dir
             sys.exit(f"stopped by {callback.signal_name} after step {trainer.global_step}; checkpoint "
                      f"{callback.saved_path}; resume with the same overrides plus ckpt_path={run_dir}")
+
+
+class JobSummary(L.Callback):
+    """Write the job's numbers to ``path`` after fitting, and again after testing.
+
+    Training throughput counts only the time inside training steps (forward, backward, optimizer),
+    not validation, data loading or checkpointing; wall time runs from the trainer's creation.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.created = time.perf_counter()
+        self.train_seconds = 0.0
+        self.train_tokens = 0
+        self.metrics: dict[str, float] = {}
+        self._batch_start = 0.0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._batch_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.strategy.root_device.type == "cuda":  # kernels run asynchronously: wait before reading the clock
+            torch.cuda.synchronize()
+        self.train_seconds += time.perf_counter() - self._batch_start
+        self.train_tokens += batch_tokens(batch) * trainer.world_size  # every rank reads a batch of the same shape
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._record(trainer, pl_module, "val/")
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._record(trainer, pl_module, "test/")
+
+    def _record(self, trainer: L.Trainer, pl_module: L.LightningModule, prefix: str) -> None:
+        self.metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(prefix)})
+        if trainer.is_global_zero:
+            write_json(self.path, {**self.describe(trainer, pl_module), **self.metrics})
+
+    def describe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        """The run's context and cost; ``cache_mb`` is one rank's training memory (as ``python -m xl.memory``)."""
+        cfg = pl_module.config
+        datamodule = trainer.datamodule
+        dtype = next(pl_module.parameters()).dtype
+        return {
+            "mem_len": cfg.mem_len,
+            "eval_mem_len": pl_module.eval_context["mem_len"],
+            "tgt_len": datamodule.tgt_len,
+            "batch_size": datamodule.batch_size,
+            "unit": pl_module.quality_name,
+            "params": sum(p.numel() for p in pl_module.parameters()),
+            "cache_mb": cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, datamodule.batch_size, dtype).mib,
+            "steps": trainer.global_step,
+            "train_tokens": self.train_tokens,
+            "train_tok_s": self.train_tokens / self.train_seconds if self.train_seconds else None,
+            "wall_s": time.perf_counter() - self.created,
+        }
+
+
+def write_json(path: Path, values: dict[str, Any]) -> None:
+    """Write via a temporary file, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(values, indent=1) + "\n")
+    tmp.replace(path)

@@ -186,7 +186,7 @@ class PreemptionSchema:
 
 @dataclass
 class JobSummarySchema:
-    _target_: str = "xl.sweep.JobSummary"
+    _target_: str = "xl.callbacks.JobSummary"
     path: str = "${paths.output_dir}/results.json"
 
 

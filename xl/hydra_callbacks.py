@@ -62,6 +62,7 @@ class SweepSummary(Callback):
         if not rows:
             log.warning("sweep summary: no job folders under %s", sweep_dir)
         elif not any("mem_len" in row for row in rows):
-            log.warning("sweep summary: no job wrote %s; add xl.sweep.JobSummary to the callbacks group", RESULTS_FILE)
+            log.warning("sweep summary: no job wrote %s; add xl.callbacks.JobSummary to the callbacks group",
+                        RESULTS_FILE)
         else:
             log.info("sweep summary: %s", sweep_dir / "summary.md")

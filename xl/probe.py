@@ -1,10 +1,9 @@
 """The memory probe: how far back can the model recall one symbol, for each memory length?
 
-A synthetic byte stream of episodes ``KKKKKKKK…….?K……``: a key letter ``K`` (A–P) shown ``repeat`` times in a
-row, ``d-1`` filler dots, a query mark ``?``, the key again (which the model must predict at the ``?``), then
-``gap`` dots before the next episode. The distance d counts from the ``?`` back to the last shown copy of the
-key, so the key is visible to the query exactly when d is within its reach. The filler is constant so that the
-loss is all about the keys: the task is pure retrieval over a known distance.
+The corpus (:mod:`xl.data.recall`, ``data=recall``) is a byte stream of episodes ``KKKKKKKK…….?K……``: a key
+letter shown ``repeat`` times, ``d-1`` filler dots, a query mark ``?``, the key again (which the model must
+predict at the ``?``), then ``gap`` dots before the next episode; d counts from the ``?`` back to the key's last
+copy, so the key is visible to the query exactly when d is within its reach.
 
 Two choices make it learnable in a few minutes on a CPU. The repeated key gives the untrained model's
 near-uniform attention ``repeat`` times more weight on the key than a single letter would: with one key letter
@@ -12,75 +11,33 @@ near-uniform attention ``repeat`` times more weight on the key than a single let
 stayed at chance after 6,000 steps with mem_len 64; shown 8 times, the key is recalled perfectly within reach after
 3,000. The gap keeps earlier episodes' keys out of every query's window (the probe sets it to ``n_layer ×`` its
 largest memory + one segment, beyond even a relayed reach), so "the letter in view" is always the right one, or
-there is none. Without it (the first layout: one key, no gap) the previous episode's answer sat one position
-behind the key, and the model stayed at chance at every distance.
+there is none. Without a gap (and with one key) the previous episode's answer sits one position behind the
+key, and the model stayed at chance at every distance.
 
-One attention hop at position p of a segment (0-based) sees ``mem_len + p`` tokens back; the seed chapter on
-the limits of recurrent memory puts the reach of relayed hops at about ``n_layer × mem_len``. ``python -m
-xl.probe`` trains briefly for several memory lengths and writes accuracy against d (a table and a plot), next
-to what one hop and ``n_layer`` relayed hops would see (:func:`reach_accuracy`).
+One attention hop at position p of a segment (0-based) sees ``mem_len + p`` tokens back; relayed through the
+layers' cached states, the reach grows to about ``n_layer × mem_len`` (Dai et al., 2019, section 3.2: the
+longest dependency grows as O(N × L) with N layers). ``python -m xl.probe`` trains briefly for several memory
+lengths and writes accuracy against d (a table and a plot), next to what one hop and ``n_layer`` relayed hops
+would see (:func:`reach_accuracy`).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from xl.config import exit_on_user_error
+from xl.bench.runner import SegmentRunner
+from xl.config import compose, exit_on_user_error
+from xl.data.recall import KEYS, QUERY
 
-KEYS = b"ABCDEFGHIJKLMNOP"
-FILLER = ord(".")
-QUERY = ord("?")
-SPLIT_SEEDS = {"train": 0, "val": 1, "test": 2}
 # Small enough for a CPU; 2 layers and width 64 learn the retrieval within 3,000 steps (width 32 did not in 600).
 PROBE_MODEL = ("model=tiny", "model.d_model=64", "model.n_head=4", "model.d_inner=256", "optim.lr=3e-3")
-
-
-def recall_bytes(distances: Sequence[int], n_episodes: int, seed: int, repeat: int = 8, gap: int = 160) -> bytes:
-    """Episodes whose query is ``d`` positions after the key's last copy, d drawn uniformly from ``distances``."""
-    if min(distances) < 1:
-        raise ValueError(f"recall distances must be >= 1, got {list(distances)}")
-    if repeat < 1 or gap < 0:
-        raise ValueError(f"recall repeat must be >= 1 and gap >= 0, got repeat={repeat}, gap={gap}")
-    rng = np.random.default_rng(seed)
-    keys = np.frombuffer(KEYS, dtype=np.uint8)
-    parts = []
-    for d in rng.choice(np.asarray(distances), size=n_episodes):
-        key = rng.choice(keys)
-        parts.append(np.concatenate([np.full(repeat, key), np.full(d - 1, FILLER), [QUERY, key],
-                                     np.full(gap, FILLER)]).astype(np.uint8))
-    return np.concatenate(parts).tobytes()
-
-
-class RecallSource:
-    """The probe's corpus as a data source (``data=recall``): deterministic per split."""
-
-    def __init__(self, distances: Sequence[int], episodes: int = 20000, eval_episodes: int = 2000, seed: int = 0,
-                 repeat: int = 8, gap: int = 160):
-        self.distances = [int(d) for d in distances]
-        self.episodes, self.eval_episodes, self.seed = episodes, eval_episodes, seed
-        self.repeat, self.gap = int(repeat), int(gap)
-
-    def identity(self) -> str:
-        # The alphabet and layout are part of the identity: a changed generator must not reuse an old token cache.
-        spec = json.dumps(["v2", KEYS.decode(), chr(FILLER), self.distances, self.episodes, self.eval_episodes,
-                           self.seed, self.repeat, self.gap])
-        return "recall-" + hashlib.sha256(spec.encode()).hexdigest()[:16]
-
-    def texts(self, split: str) -> Iterator[str]:
-        n = self.episodes if split == "train" else self.eval_episodes
-        seed = self.seed * 10 + SPLIT_SEEDS[split]
-        yield recall_bytes(self.distances, n, seed, self.repeat, self.gap).decode("ascii")
-
-    def setting(self, split: str) -> str:
-        return "data.source.distances"
 
 
 def query_distances(row: np.ndarray) -> np.ndarray:
@@ -108,19 +65,13 @@ def reach_accuracy(d: int, mem_len: int, seg_len: int, hops: int = 1) -> float:
     return fraction + (1.0 - fraction) / len(KEYS)
 
 
-@torch.no_grad()
-def recall_accuracy(model, rows: np.ndarray, seg_len: int, mem_len: int) -> dict[int, tuple[int, int]]:
+def recall_accuracy(model: torch.nn.Module, rows: np.ndarray, seg_len: int, mem_len: int
+                    ) -> dict[int, tuple[int, int]]:
     """Read the rows segment by segment with memory; count correct key predictions at each query, per d."""
-    model.eval()
-    x_all = torch.from_numpy(rows[:, :-1].astype(np.int64))
+    inputs = torch.from_numpy(rows[:, :-1].astype(np.int64))
+    runner = SegmentRunner(model, inputs, seg_len, targets=False, mem_len=mem_len, return_logits=True)
+    predicted = torch.cat([runner.step().logits.argmax(-1) for _ in range(runner.n_segments)], dim=1).numpy()
     y_all = rows[:, 1:]
-    predictions = []
-    mems = None
-    for start in range(0, x_all.size(1), seg_len):
-        out = model(x_all[:, start:start + seg_len], mems, mem_len=mem_len)
-        mems = out.mems
-        predictions.append(out.logits.argmax(-1).numpy())
-    predicted = np.concatenate(predictions, axis=1)
     counts: dict[int, tuple[int, int]] = {}
     for b in range(rows.shape[0]):
         dist = query_distances(rows[b, :-1])
@@ -141,7 +92,6 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
     """
     from xl.build import build_run
     from xl.callbacks import exit_if_preempted
-    from xl.config import compose
 
     results: dict[int, dict[int, float]] = {}
     seg_len = n_layer = 0
@@ -152,8 +102,7 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
                 f"paths.output_dir={out_dir / f'mem{mem_len}'}"]
         shape = compose("config", [*base, *overrides])
         seg_len, n_layer = shape.data.tgt_len, shape.model.n_layer
-        gap = [f"data.source.gap={n_layer * max(mem_lens) + seg_len}"]
-        cfg = compose("config", [*base, *gap, *overrides])
+        cfg = compose("config", [*base, f"data.source.gap={n_layer * max(mem_lens) + seg_len}", *overrides])
         start = time.time()
         run = build_run(cfg)
         run.trainer.fit(run.module, datamodule=run.datamodule)

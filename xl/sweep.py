@@ -1,7 +1,7 @@
 """What a sweep measured: one ``results.json`` per job, then one table and one plot per sweep.
 
 Only a running job knows its training throughput and wall time, and train.py keeps its metrics in
-memory, so :class:`JobSummary` (a Lightning callback of the callbacks group) writes them into
+memory, so :class:`xl.callbacks.JobSummary` (a Lightning callback of the callbacks group) writes them into
 ``<run folder>/results.json``. When a Hydra multirun ends, :func:`write_summary` (called by
 ``xl.hydra_callbacks.SweepSummary``) gathers the jobs' files into ``summary.csv``, ``summary.md`` and
 ``summary.png`` in the sweep folder: the metric and the cost (cache MB, tokens/s) against ``mem_len``.
@@ -12,83 +12,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
-import lightning as L
-import torch
 from omegaconf import OmegaConf
 
-from xl.footprint import cache_footprint
-from xl.lit import batch_tokens
-
-RESULTS_FILE = "results.json"
-
-
-class JobSummary(L.Callback):
-    """Write the job's numbers to ``path`` after fitting, and again after testing.
-
-    Training throughput counts only the time inside training steps (forward, backward, optimizer),
-    not validation, data loading or checkpointing; wall time runs from the trainer's creation.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.created = time.perf_counter()
-        self.train_seconds = 0.0
-        self.train_tokens = 0
-        self.metrics: dict[str, float] = {}
-        self._batch_start = 0.0
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        self._batch_start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if trainer.strategy.root_device.type == "cuda":  # kernels run asynchronously: wait before reading the clock
-            torch.cuda.synchronize()
-        self.train_seconds += time.perf_counter() - self._batch_start
-        self.train_tokens += batch_tokens(batch) * trainer.world_size  # every rank reads a batch of the same shape
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._record(trainer, pl_module, "val/")
-
-    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._record(trainer, pl_module, "test/")
-
-    def _record(self, trainer: L.Trainer, pl_module: L.LightningModule, prefix: str) -> None:
-        self.metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(prefix)})
-        if trainer.is_global_zero:
-            write_json(self.path, {**self.describe(trainer, pl_module), **self.metrics})
-
-    def describe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        """The run's context and cost; ``cache_mb`` is one rank's training memory (as ``python -m xl.footprint``)."""
-        cfg = pl_module.config
-        datamodule = trainer.datamodule
-        dtype = next(pl_module.parameters()).dtype
-        return {
-            "mem_len": cfg.mem_len,
-            "eval_mem_len": pl_module.eval_context["mem_len"],
-            "tgt_len": datamodule.tgt_len,
-            "batch_size": datamodule.batch_size,
-            "unit": pl_module.quality_name,
-            "params": sum(p.numel() for p in pl_module.parameters()),
-            "cache_mb": cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, datamodule.batch_size, dtype).mib,
-            "steps": trainer.global_step,
-            "train_tokens": self.train_tokens,
-            "train_tok_s": self.train_tokens / self.train_seconds if self.train_seconds else None,
-            "wall_s": time.perf_counter() - self.created,
-        }
-
-
-def write_json(path: Path, values: dict[str, Any]) -> None:
-    """Write via a temporary file, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(values, indent=1) + "\n")
-    tmp.replace(path)
+RESULTS_FILE = "results.json"  # what xl.callbacks.JobSummary writes into each job's folder
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:

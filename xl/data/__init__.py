@@ -7,7 +7,9 @@
 from xl.data import sources
 from xl.data.datamodule import SegmentDataModule
 from xl.data.errors import DataError
+from xl.data.recall import RecallSource
 from xl.data.stream import SegmentLoader, split_streams
 from xl.data.tokenizers import make_tokenizer
 
-__all__ = ["DataError", "SegmentDataModule", "SegmentLoader", "make_tokenizer", "sources", "split_streams"]
+__all__ = ["DataError", "RecallSource", "SegmentDataModule", "SegmentLoader", "make_tokenizer", "sources",
+           "split_streams"]

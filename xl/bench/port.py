@@ -1,18 +1,19 @@
-"""Config S side by side with a port of the 2019 code, in one process: ``python -m xl.portbench``.
+"""Config S side by side with a port of the 2019 code, in one process: ``python -m xl.bench.port``.
 
 The 2019 Transformer-XL code is not an installable package. Hugging Face ``transformers`` carried a port of it
 until version 4.35: ``TransfoXLLMHeadModel``. It is time-major and computes the relative attention as the 2019
 code does, with einsums, the pad-and-view ``_rel_shift``, ``masked_fill`` and softmax, and projects keys and
-values over memory and segment together. Both models run the same segments with the same optimizer (fused
-AdamW). They alternate in blocks of steps, so that the VM's drifting speed hits both alike. The figure is the
-median over rounds of our tokens/s over the port's. A third part compares one-token decoding (generation):
+values over memory and segment together. Both models read the same segments through the same
+:class:`~xl.bench.runner.SegmentRunner`, with the same optimizer (fused AdamW). They alternate in blocks of
+steps, so that the VM's drifting speed hits both alike. The figure is the median over rounds of our tokens/s
+over the port's. A third part compares one-token decoding (generation):
 our cached decoder against the port fed one token at a time with its memory, as the 2019 code decodes.
 
 The port needs an old ``transformers``. Keep it out of the project's environment:
 
     python -m venv --system-site-packages /tmp/port
     /tmp/port/bin/pip install --no-deps "transformers==4.30.2" safetensors regex "tokenizers==0.13.3"
-    /tmp/port/bin/python -m xl.portbench --rounds 10
+    /tmp/port/bin/python -m xl.bench.port --rounds 10
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from xl.bench import CONFIG_S, SegmentRunner, cpu_model, token_stream
-from xl.model import TransformerXL, XLConfig
+from xl.bench.runner import SegmentRunner, one_token_decoder, token_stream
+from xl.bench.shared import CONFIG_S, cpu_model
+from xl.model import TransformerXL, XLConfig, XLOutput
 
 PORT_INSTALL = ('python -m venv --system-site-packages /tmp/port && /tmp/port/bin/pip install --no-deps '
                 '"transformers==4.30.2" safetensors regex "tokenizers==0.13.3"')
@@ -47,48 +49,28 @@ def port_model(cfg: XLConfig) -> nn.Module:
     return TransfoXLLMHeadModel(port_cfg)
 
 
-def stepper(model: nn.Module, ours: bool, train: bool, tokens: torch.Tensor, tgt_len: int) -> Callable[[], None]:
-    """One segment per call, memory carried; training adds backward, AdamW and zero_grad."""
-    model.train(train)
-    runner = SegmentRunner(model, tokens, tgt_len)
-    opt = torch.optim.AdamW(model.parameters(), lr=2.5e-4, fused=True) if train else None
-    kv = None
+class PortRunner(SegmentRunner):
+    """The port through the same runner: it predicts x[1:] from x[:-1] itself (L - 1 targets a row)."""
 
-    def step() -> None:
-        nonlocal kv
-        x, y = runner.next_batch()
-        with torch.set_grad_enabled(train):
-            if ours:
-                out = model(x, runner.mems, y, return_logits=False, cache_kv=not train, kv=kv)
-                loss, kv = out.loss, out.kv
-            else:  # the port predicts x[1:] from x[:-1] itself: L - 1 targets a row
-                out = model(input_ids=x, mems=runner.mems, labels=x)
-                loss = out.losses.mean()
-        runner.mems = out.mems
-        if opt is not None:
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-    return step
+    def forward(self, x: Tensor, y: Tensor | None) -> XLOutput:
+        out = self.model(input_ids=x, mems=self.mems, labels=x)
+        return XLOutput(logits=None, mems=out.mems, loss=out.losses.mean())
 
 
 def decode_steppers(cfg: XLConfig, batch: int, attn_len: int) -> dict[str, Callable[[], None]]:
-    """One-token decoding against ``attn_len`` cached positions: our decoder (:meth:`TransformerXL.decoder`:
-    cached keys, values and projected embeddings) and the port fed one token at a time with
-    ``mem_len = attn_len``, which re-projects the whole window every token as the 2019 code does."""
+    """One-token decoding against ``attn_len`` cached positions: our decoder (cached keys, values and projected
+    embeddings) and the port fed one token at a time with ``mem_len = attn_len``, which re-projects the whole
+    window every token as the 2019 code does."""
     cfg = replace(cfg, mem_len=attn_len)
     ours, port = TransformerXL(cfg).eval(), port_model(cfg).eval()
-    context = torch.randint(0, cfg.vocab_size, (batch, attn_len))
     token = torch.zeros(batch, 1, dtype=torch.long)
     with torch.no_grad():
-        decoder = ours.decoder(batch, attn_len)
-        decoder.prefill(context, seg_len=attn_len)
-        port_mems = port(input_ids=context).mems
+        ours_feed = one_token_decoder(ours, batch, attn_len)
+        port_mems = port(input_ids=torch.randint(0, cfg.vocab_size, (batch, attn_len))).mems
 
     @torch.no_grad()
     def ours_step() -> None:
-        decoder.feed(token[:, 0])
+        ours_feed(token[:, 0])
 
     @torch.no_grad()
     def port_step() -> None:
@@ -98,7 +80,7 @@ def decode_steppers(cfg: XLConfig, batch: int, attn_len: int) -> dict[str, Calla
     return {"ours": ours_step, "port": port_step}
 
 
-def interleaved(steps: dict[str, Callable[[], None]], tokens_per_step: int, block: int, rounds: int
+def interleaved(steps: dict[str, Callable[[], object]], tokens_per_step: int, block: int, rounds: int
                 ) -> dict[str, list[float]]:
     """Tokens/s of each stepper over ``rounds`` rounds of ``block`` steps, the order flipped every round."""
     names = list(steps)
@@ -116,7 +98,7 @@ def interleaved(steps: dict[str, Callable[[], None]], tokens_per_step: int, bloc
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(prog="python -m xl.portbench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xl.bench.port", description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)
@@ -134,8 +116,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             steps, tokens_per_step = decode_steppers(cfg, B, args.attn_len), B
         else:
             tokens, train = token_stream(cfg, B, L, 64), part == "train"
-            steps = {"ours": stepper(TransformerXL(cfg), True, train, tokens, L),
-                     "port": stepper(port_model(cfg), False, train, tokens, L)}
+            steps = {"ours": SegmentRunner(TransformerXL(cfg), tokens, L, train=train).step,
+                     "port": PortRunner(port_model(cfg), tokens, L, train=train).step}
             tokens_per_step = B * L
         rates = interleaved(steps, tokens_per_step, block, args.rounds)
         ratio = statistics.median(a / b for a, b in zip(rates["ours"], rates["port"], strict=True))

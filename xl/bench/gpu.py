@@ -1,21 +1,27 @@
-"""Training throughput, peak memory and model FLOPs utilisation on an accelerator: ``python -m xl.gpubench``.
+"""Training throughput, peak memory and model FLOPs utilisation on an accelerator: ``python -m xl.bench.gpu``.
 
-Runs the training step as :class:`xl.lit.XLLitModule` does (forward with the memory carried, backward,
-gradient clipping, fused AdamW) for one of the paper's experiment configs, in bf16 autocast by default,
-optionally under ``torch.compile``. Model FLOPs are counted exactly for the shapes run (see
-:func:`model_flops`; a test checks the count against ``torch.utils.flop_counter``), and MFU divides the
-achieved FLOP rate by the device's dense bf16 peak (a small table, or ``--peak-tflops``).
+Runs the training step as :class:`xl.lit.XLLitModule` does (:class:`xl.bench.runner.SegmentRunner`: forward
+with the memory carried, backward, gradient clipping, AdamW) for one of the paper's experiment configs or
+config S, in bf16 autocast by default, optionally under ``torch.compile``. Model FLOPs are counted exactly for
+the shapes run (see :func:`model_flops`; a test checks the count against ``torch.utils.flop_counter``), and MFU
+divides the achieved FLOP rate by the device's dense bf16 peak (a small table, or ``--peak-tflops``).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
+from collections.abc import Sequence
 
 import torch
 
+from xl.bench.runner import SegmentRunner, token_stream
+from xl.bench.shared import CONFIG_S
+from xl.config import compose
 from xl.model import TransformerXL, XLConfig
+
+AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "32-true": None}  # precision → autocast dtype
+CLIP = 0.25  # trainer.gradient_clip_val, the paper's clipping
 
 # Dense (no sparsity) bf16 tensor-core peaks from the vendors' data sheets, in TFLOP/s; first match wins.
 PEAK_BF16_TFLOPS = [("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0),
@@ -52,53 +58,38 @@ def peak_tflops(device: torch.device) -> tuple[str, float | None]:
 
 
 def experiment_shape(name: str) -> tuple[dict, int, int]:
-    """(XLConfig fields with mem_len, per-device batch, tgt_len) of a conf/experiment overlay."""
-    from hydra import compose, initialize_config_dir
-
+    """(XLConfig fields with mem_len, per-device batch, tgt_len) of a conf/experiment overlay, or of config S
+    (``S``: the CPU benchmark's model, batch 8, segments of 128)."""
+    if name == "S":
+        return dict(CONFIG_S), 8, 128
     from xl.build import model_config
 
-    conf = Path(__file__).resolve().parents[1] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose("config", overrides=[f"experiment={name}"])
+    cfg = compose("config", [f"experiment={name}"])
     return model_config(cfg, 256), cfg.data.batch_size, cfg.data.tgt_len
 
 
 def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: torch.dtype | None, compile: bool,
         steps: int, warmup: int, peak: float | None) -> dict[str, float]:
-    """Time ``steps`` training steps after ``warmup`` (which also fill the memory); peak memory and MFU."""
+    """Time ``steps`` training steps after ``warmup`` (which also fill the memory); peak memory, MFU, last loss."""
     torch.manual_seed(0)
-    model = TransformerXL(cfg).to(device).train()
+    model = TransformerXL(cfg).to(device)
     if compile:
         from xl.build import compile_model
 
         compile_model(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=2.5e-4, fused=True)
-    tokens = torch.randint(0, cfg.vocab_size, (batch, tgt_len + 1), device=device)
-    x, y = tokens[:, :-1], tokens[:, 1:]
-    mems = None
-
-    def step() -> None:
-        nonlocal mems
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            out = model(x, mems, targets=y, return_logits=False)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        mems = out.mems
+    tokens = token_stream(cfg, batch, tgt_len, 8).to(device)
+    runner = SegmentRunner(model, tokens, tgt_len, train=True, clip=CLIP, autocast=dtype)
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    for _ in range(max(warmup, cfg.mem_len // tgt_len + 1)):  # the memory is full from here on
-        step()
+    runner.run(max(warmup, cfg.mem_len // tgt_len + 1))  # the memory is full from here on
     sync()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    for _ in range(steps):
-        step()
+    last = runner.run(steps)
     sync()
     seconds = (time.perf_counter() - start) / steps
     flops = model_flops(cfg, batch, tgt_len, cfg.mem_len, train=True)
@@ -108,15 +99,30 @@ def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: to
         "tflops": flops / seconds / 1e12,
         "mfu": flops / seconds / (peak * 1e12) if peak else float("nan"),
         "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan"),
+        "loss": last.loss.item(),
     }
 
 
+def measure(experiment: str, precision: str, device: torch.device, steps: int, warmup: int,
+            batch: int | None = None, overrides: Sequence[str] = (), compile: bool = False,
+            peak: float | None = None) -> tuple[XLConfig, int, int, dict[str, float]]:
+    """(config, batch, tgt_len, :func:`run`'s figures) for an experiment name and ``FIELD=VALUE`` overrides."""
+    fields, default_batch, tgt_len = experiment_shape(experiment)
+    for item in overrides:
+        key, _, value = item.partition("=")
+        fields[key] = int(value)
+    cfg = XLConfig.from_dict(fields)
+    batch = batch or default_batch
+    return cfg, batch, tgt_len, run(cfg, batch, tgt_len, device, AUTOCAST[precision], compile, steps, warmup, peak)
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(prog="python -m xl.gpubench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xl.bench.gpu", description=__doc__.splitlines()[0])
     p.add_argument("--experiment", default="enwik8_base",
-                   help="a character-level conf/experiment config (model, batch, lengths), with a 256-symbol head")
+                   help="a character-level conf/experiment config (model, batch, lengths), with a 256-symbol head, "
+                        "or S (config S of python -m xl.bench)")
     p.add_argument("--batch", type=int, help="per-device batch (default: the experiment's)")
-    p.add_argument("--precision", choices=("bf16-mixed", "16-mixed", "32-true"), default="bf16-mixed")
+    p.add_argument("--precision", choices=tuple(AUTOCAST), default="bf16-mixed")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
@@ -125,16 +131,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--set", metavar="FIELD=VALUE", action="append", default=[],
                    help="override an integer XLConfig field, e.g. --set n_layer=2 (smoke runs)")
     args = p.parse_args(argv)
-    fields, batch, tgt_len = experiment_shape(args.experiment)
-    for item in args.set:
-        key, _, value = item.partition("=")
-        fields[key] = int(value)
-    cfg = XLConfig.from_dict(fields)
     device = torch.device(args.device)
-    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "32-true": None}[args.precision]
     name, peak = peak_tflops(device)
-    batch = args.batch or batch
-    r = run(cfg, batch, tgt_len, device, dtype, args.compile, args.steps, args.warmup, args.peak_tflops or peak)
+    cfg, batch, tgt_len, r = measure(args.experiment, args.precision, device, args.steps, args.warmup, args.batch,
+                                     args.set, args.compile, args.peak_tflops or peak)
     print(f"device   : {name}, torch {torch.__version__}, {args.precision}, compile={args.compile}")
     print(f"config   : {args.experiment} ({cfg.n_layer} layers, d_model {cfg.d_model}), batch {batch}, "
           f"tgt_len {tgt_len}, mem_len {cfg.mem_len}")

@@ -11,9 +11,7 @@ to run).
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import fields
 
@@ -22,92 +20,23 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from xl.attention import RelMultiHeadAttention
+from xl.bench.runner import SegmentRunner, token_stream
+from xl.bench.shared import CONFIG_S, cpu_model, median_rate
 from xl.model import TransformerXL, XLConfig
-
-CONFIG_S = dict(vocab_size=256, n_layer=4, n_head=4, d_model=256, d_head=64, d_inner=1024, dropout=0.1, mem_len=128)
-
-
-def cpu_model() -> str:
-    """The CPU's name as the kernel reports it (the figures mean little without it)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def median_rate(run: Callable[[], None], work: float, warmup: int, repeats: int) -> float:
-    """Median of ``work / seconds`` over ``repeats`` timed calls of ``run``, after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        run()
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        rates.append(work / (time.perf_counter() - start))
-    return statistics.median(rates)
-
-
-def token_stream(cfg: XLConfig, batch: int, tgt_len: int, n_segments: int, seed: int = 0) -> Tensor:
-    """Random tokens [B, n_segments·L + 1]: speed does not depend on the text."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, cfg.vocab_size, (batch, n_segments * tgt_len + 1), generator=gen)
-
-
-class SegmentRunner:
-    """Walks a token stream segment by segment, carrying the memory, as training and evaluation do."""
-
-    def __init__(self, model: TransformerXL, tokens: Tensor, tgt_len: int) -> None:
-        self.model, self.tokens, self.tgt_len = model, tokens, tgt_len
-        self.n_segments = (tokens.size(1) - 1) // tgt_len
-        self.index, self.mems = 0, None
-
-    def next_batch(self) -> tuple[Tensor, Tensor]:
-        if self.index == self.n_segments:  # wrap round; the memory stays, as at an epoch boundary
-            self.index = 0
-        s = self.index * self.tgt_len
-        self.index += 1
-        return self.tokens[:, s:s + self.tgt_len], self.tokens[:, s + 1:s + 1 + self.tgt_len]
 
 
 def train_rate(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup: int, repeats: int) -> float:
-    """Tokens/s of forward (memory carried) + backward + AdamW step + zero_grad."""
+    """Tokens/s of forward (memory carried) + backward + fused AdamW step + zero_grad."""
     torch.manual_seed(0)
-    model = TransformerXL(cfg).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=2.5e-4, fused=True)  # as XLLitModule trains
-    runner = SegmentRunner(model, token_stream(cfg, batch, tgt_len, 64), tgt_len)
-
-    def run() -> None:
-        for _ in range(steps):
-            x, y = runner.next_batch()
-            out = model(x, runner.mems, y, return_logits=False)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            runner.mems = out.mems
-
-    return median_rate(run, steps * batch * tgt_len, warmup, repeats)
+    runner = SegmentRunner(TransformerXL(cfg), token_stream(cfg, batch, tgt_len, 64), tgt_len, train=True)
+    return median_rate(lambda: runner.run(steps), steps * batch * tgt_len, warmup, repeats)
 
 
 def eval_rate(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup: int, repeats: int) -> float:
-    """Tokens/s of the evaluation loop: eval mode, no_grad, memory carried, loss computed."""
+    """Tokens/s of the evaluation loop: eval mode, no_grad, memory and its keys/values carried, loss computed."""
     torch.manual_seed(0)
-    model = TransformerXL(cfg).eval()
-    runner = SegmentRunner(model, token_stream(cfg, batch, tgt_len, 64), tgt_len)
-    kv = None
-
-    @torch.no_grad()
-    def run() -> None:
-        nonlocal kv
-        for _ in range(steps):
-            x, y = runner.next_batch()
-            out = model(x, runner.mems, y, return_logits=False, cache_kv=True, kv=kv)  # as XLLitModule evaluates
-            runner.mems, kv = out.mems, out.kv
-
-    return median_rate(run, steps * batch * tgt_len, warmup, repeats)
+    runner = SegmentRunner(TransformerXL(cfg), token_stream(cfg, batch, tgt_len, 64), tgt_len)
+    return median_rate(lambda: runner.run(steps), steps * batch * tgt_len, warmup, repeats)
 
 
 def shift_2019(x: Tensor) -> Tensor:
@@ -199,7 +128,7 @@ def attention_ratios(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m xl.bench", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=10, help="segments per timed repeat")
-    p.add_argument("--warmup", type=int, default=3, help="untimed segments before timing")
+    p.add_argument("--warmup", type=int, default=3, help="untimed repeats (of --steps segments) before timing")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)

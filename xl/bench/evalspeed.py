@@ -1,16 +1,17 @@
-"""Evaluation speed, Transformer-XL against the vanilla transformer: ``python -m xl.evalspeed``.
+"""Evaluation speed, Transformer-XL against the vanilla transformer: ``python -m xl.bench.evalspeed``.
 
 The paper's comparison (Dai et al., 2019, section 4, Table 9): at the same attention length A,
 the vanilla model predicts each token with a fresh forward over the A tokens before it, while
 Transformer-XL predicts a whole segment at once against its cached memory. Both are timed here
-through the code ``python -m xl.evaluate`` runs (the model's forward with a memory, and
-:func:`xl.evaluate.vanilla_nll`), on config S with random weights (speed does not depend on them).
+through the code ``python -m xl.evaluate`` runs (the model's forward with the memory and its keys/values
+carried, read by :class:`xl.bench.runner.SegmentRunner`, and :func:`xl.evaluate.vanilla_nll`), on config S
+with random weights (speed does not depend on them).
 
 Reading of "attention length": Transformer-XL runs with ``mem_len = A`` and ``same_length``, so that
 every scored token attends over exactly A keys, the same context as a vanilla window of A; the
 segment length (``--tgt-len``, default 128 as in the released enwik8-large evaluation script) is how
 many tokens one forward predicts. The one-token column is generation's decoder
-(:meth:`xl.model.TransformerXL.decoder`): one token per step against cached keys, values and projected
+(:func:`xl.bench.runner.one_token_decoder`): one token per step against cached keys, values and projected
 relative embeddings, as the paper's evaluation would run with segments of one token.
 """
 
@@ -20,7 +21,8 @@ import argparse
 
 import torch
 
-from xl.bench import CONFIG_S, cpu_model, median_rate
+from xl.bench.runner import SegmentRunner, one_token_decoder
+from xl.bench.shared import CONFIG_S, cpu_model, median_rate
 from xl.evaluate import vanilla_nll
 from xl.model import TransformerXL, XLConfig
 
@@ -28,25 +30,21 @@ from xl.model import TransformerXL, XLConfig
 def xl_seconds_per_token(model: TransformerXL, attn_len: int, tgt_len: int, batch: int, repeats: int) -> float:
     """One segment of ``tgt_len`` tokens per stream against a full memory of ``attn_len``, loss included."""
     cfg = model.config
-    mems = [torch.randn(batch, attn_len, cfg.d_model) for _ in range(cfg.n_layer)]
-    kv = [layer.attn.project_memory(m) for layer, m in zip(model.layers, mems, strict=True)]  # as in evaluation
-    x, y = torch.randint(0, cfg.vocab_size, (2, batch, tgt_len))
-
-    def run() -> None:
-        model(x, mems, targets=y, return_logits=False, mem_len=attn_len, same_length=True, cache_kv=True, kv=kv)
-
-    return 1.0 / median_rate(run, batch * tgt_len, warmup=1, repeats=repeats)
+    stream = torch.randint(0, cfg.vocab_size, (batch, 4 * tgt_len + 1))
+    runner = SegmentRunner(model, stream, tgt_len, mem_len=attn_len, same_length=True)
+    runner.mems = [torch.randn(batch, attn_len, cfg.d_model) for _ in range(cfg.n_layer)]  # full from the start
+    # The untimed first segment projects the memory's keys/values once; from there they are carried.
+    return 1.0 / median_rate(runner.step, batch * tgt_len, warmup=1, repeats=repeats)
 
 
 def decode_seconds_per_token(model: TransformerXL, attn_len: int, batch: int, steps: int, repeats: int) -> float:
     """One token per step against a full window of ``attn_len`` cached positions (the window slides)."""
-    decoder = model.decoder(batch, attn_len)
-    decoder.prefill(torch.randint(0, model.config.vocab_size, (batch, attn_len)), seg_len=attn_len)
+    step = one_token_decoder(model, batch, attn_len)
     token = torch.zeros(batch, dtype=torch.long)
 
     def run() -> None:
         for _ in range(steps):
-            decoder.feed(token)
+            step(token)
 
     return 1.0 / median_rate(run, batch * steps, warmup=1, repeats=repeats)
 
@@ -86,7 +84,7 @@ def format_table(rows: list[dict[str, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, float]]:
-    p = argparse.ArgumentParser(prog="python -m xl.evalspeed", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xl.bench.evalspeed", description=__doc__.splitlines()[0])
     p.add_argument("--attn-lens", type=int, nargs="+", default=[128, 256, 512, 1024])
     p.add_argument("--tgt-len", type=int, default=128, help="Transformer-XL segment: tokens predicted per forward")
     p.add_argument("--batch", type=int, default=8)

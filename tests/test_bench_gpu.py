@@ -1,4 +1,4 @@
-"""The GPU benchmark's FLOP count is exact, and the benchmark runs (on CPU here, as a smoke test)."""
+"""``python -m xl.bench.gpu``: the FLOP count is exact, and the benchmark runs (on CPU here, as a smoke test)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from xl.gpubench import main, model_flops
+from xl.bench.gpu import experiment_shape, main, model_flops
+from xl.bench.shared import CONFIG_S
 from xl.model import TransformerXL, XLConfig
 
 
@@ -37,3 +38,10 @@ def test_benchmark_runs_and_reports(capsys):
               "--set", "d_inner=128", "--set", "mem_len=64"])
     out = capsys.readouterr().out
     assert r["tokens_per_s"] > 0 and math.isnan(r["mfu"]) and "tokens/s" in out and "MFU" in out
+    assert 0 < r["loss"] < 10  # about ln 256 = 5.5 for a fresh model
+
+
+def test_experiment_shapes():
+    assert experiment_shape("S") == (CONFIG_S, 8, 128)
+    fields, batch, tgt_len = experiment_shape("enwik8_base")  # the paper's setup, from conf/experiment
+    assert (fields["n_layer"], fields["d_model"], fields["mem_len"], batch, tgt_len) == (12, 512, 512, 22, 512)

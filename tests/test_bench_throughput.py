@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from xl.bench import main
+import subprocess
+import sys
+from pathlib import Path
+
+from xl.bench.throughput import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_benchmark_reports_every_part(capsys):
@@ -13,3 +19,10 @@ def test_benchmark_reports_every_part(capsys):
     assert results["attn_max_diff"] < 1e-4 and results["attn_fwd_bwd_ratio"] > 0
     out = capsys.readouterr().out
     assert "train tokens/s" in out and "explicit/ours" in out
+
+
+def test_package_runs_the_throughput_benchmark():
+    result = subprocess.run([sys.executable, "-m", "xl.bench", "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("usage: python -m xl.bench ")
+    assert "--only {train,eval,attn}" in result.stdout

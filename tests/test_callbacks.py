@@ -1,0 +1,28 @@
+"""The callbacks group's own callbacks: the job summary a sweep gathers (preemption: see test_resume, test_faults)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import compose_config, tiny_overrides
+from xl.build import build_run
+from xl.callbacks import JobSummary
+from xl.footprint import cache_footprint
+
+
+def test_job_summary_records_metrics_speed_and_cost(tmp_path, corpus):
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus))  # the callbacks group lists it
+    run = build_run(cfg)
+    assert any(isinstance(c, JobSummary) for c in run.trainer.callbacks)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    val_loss = float(run.trainer.callback_metrics["val/loss"])
+    run.trainer.test(run.module, datamodule=run.datamodule, verbose=False)
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["val/loss"] == pytest.approx(val_loss)
+    assert results["test/bpb"] == pytest.approx(float(run.trainer.callback_metrics["test/bpb"]))
+    assert (results["mem_len"], results["tgt_len"], results["batch_size"], results["unit"]) == (16, 16, 4, "bpb")
+    assert results["params"] == sum(p.numel() for p in run.module.parameters())
+    assert results["cache_mb"] == cache_footprint(16, 32, 2, 4).mib
+    assert results["train_tokens"] == 20 * 4 * 16 and results["train_tok_s"] > 0 and results["wall_s"] > 0

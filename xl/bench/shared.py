@@ -1,0 +1,36 @@
+"""What the benchmarks and the tools around the model share: config S, the machine's name, timing, the config."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+CONFIG_S = dict(vocab_size=256, n_layer=4, n_head=4, d_model=256, d_head=64, d_inner=1024, dropout=0.1, mem_len=128)
+
+
+def cpu_model() -> str:
+    """The CPU's name as the kernel reports it (the figures mean little without it)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def median_rate(run: Callable[[], object], work: float, warmup: int, repeats: int) -> float:
+    """Median of ``work / seconds`` over ``repeats`` timed calls of ``run``, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        run()
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        rates.append(work / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
