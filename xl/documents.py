@@ -50,7 +50,7 @@ class Documents:
         if pos.dim() != 2:
             raise ValueError(f"document positions must be [B, L], got shape {tuple(pos.shape)}")
         index = torch.arange(pos.size(1), device=pos.device)
-        return cls(pos, int((index - pos).max()) if pos.numel() else -1, target_pos)
+        return cls(pos, int((index - pos).max()), target_pos)
 
     @classmethod
     def from_starts(cls, starts: Tensor, before: Tensor | None = None) -> Documents:
