@@ -20,7 +20,7 @@ from tests.conftest import compose_config, tiny_overrides
 from xl.attention import TrainingAttentionCPU, rel_shift
 from xl.build import build_run
 from xl.data import DataError, SegmentDataModule, SegmentLoader, make_tokenizer, sources
-from xl.data.cache import cache_folder, open_cache
+from xl.data.cache import open_cache
 from xl.documents import Documents, DocumentStats, positions, split_batch, stream_positions, summary
 from xl.lit import XLLitModule
 from xl.model import TransformerXL, XLConfig, attention_mask
@@ -295,7 +295,7 @@ def test_a_list_of_files_is_one_document_each_and_empty_ones_are_skipped(tmp_pat
     assert cache.meta["splits"]["train"]["empty_documents"] == 1
     assert sum("1 document(s)" in r.message and "skipped" in r.message for r in caplog.records) == 1
     with pytest.raises(DataError, match="data.train files are all empty"):
-        SegmentDataModule.from_files([str(files[1])] * 2, str(val), str(test), cache_dir=tmp_path / "c2").cache
+        SegmentDataModule.from_files([str(files[1])] * 2, str(val), str(test), cache_dir=tmp_path / "c2").prepare_data()
 
 
 TEXT = "head\n<doc>\none\ntwo\n<doc>\r\nthree\n= Title =\nfour\n<doc>x\n"
@@ -439,3 +439,24 @@ def test_evaluate_reports_per_document_figures(tmp_path, corpus, capsys):
     assert math.isfinite(results["val/pos_0-31_bpb"]) and math.isfinite(results["val/pos_32-127_bpb"])
     ignore = evaluate(compose_eval(*common, "memory.doc_boundaries=ignore"))["val"]
     assert ignore["val/loss"] != plain["val/loss"]  # the checkpoint's reset was used, and can be overridden
+
+
+def test_training_with_boundaries_never_waits_for_the_device(tmp_path, corpus):
+    """The per-row mask is decided on the host (Documents.latest_start): no device read in a training step."""
+    from tests.test_lit import HostSyncWatch
+
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), *SEP, "trainer.max_steps=4", "test=false",
+                         "trainer.log_every_n_steps=50", "trainer.val_check_interval=50",
+                         "trainer.num_sanity_val_steps=0")
+    run = build_run(cfg)
+    calls = []
+    real = xl.model.document_mask
+    xl.model.document_mask = lambda *a: calls.append(1) or real(*a)
+    watch = HostSyncWatch()
+    run.trainer.callbacks.insert(0, watch)
+    try:
+        run.trainer.fit(run.module, datamodule=run.datamodule)
+    finally:
+        xl.model.document_mask = real
+    assert run.trainer.global_step == 4 and len(calls) == 4  # every step builds one per-row mask for its layers
+    assert watch.reads == [], f"host reads of device values during training steps: {watch.reads}"
