@@ -52,12 +52,6 @@ class Documents:
         index = torch.arange(pos.size(1), device=pos.device)
         return cls(pos, int((index - pos).max()), target_pos)
 
-    @classmethod
-    def from_starts(cls, starts: Tensor, before: Tensor | None = None) -> Documents:
-        """From flags [B, L] (True where a document begins) and, per row, the tokens of the current document read
-        before the segment (``before``; None: the segment's first token begins a document)."""
-        return cls.from_positions(positions(starts, before))
-
 
 def split_batch(batch: tuple | list) -> tuple[Tensor, Tensor | None, Documents | None]:
     """``(x, y)`` or ``(x, y, documents)`` (what :class:`xl.data.SegmentLoader` yields) as ``(x, y, documents)``."""
