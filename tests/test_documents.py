@@ -460,3 +460,20 @@ def test_training_with_boundaries_never_waits_for_the_device(tmp_path, corpus):
         xl.model.document_mask = real
     assert run.trainer.global_step == 4 and len(calls) == 4  # every step builds one per-row mask for its layers
     assert watch.reads == [], f"host reads of device values during training steps: {watch.reads}"
+
+
+def test_vanilla_windows_stop_at_document_starts():
+    """The vanilla baseline under reset: one forward per token over its window equals one long segment read with
+    the same documents (the window covers the whole prefix)."""
+    from xl.evaluate import vanilla_nll
+
+    model = make_model(mem_len=0)
+    tokens, starts, _, _ = packed_rows()
+    pos = positions(starts)
+    context, x, y = tokens[:, :6], tokens[:, 6:12], tokens[:, 7:13]
+    with torch.no_grad():
+        got = vanilla_nll(model, context, x, y, 64, -1, pos[:, :12])
+        full = model(tokens[:, :12], mem_len=0, documents=Documents.from_positions(pos[:, :12])).logits[:, 6:]
+        plain = vanilla_nll(model, context, x, y, 64, -1)
+    torch.testing.assert_close(got, F.cross_entropy(full.flatten(0, 1), y.flatten(), reduction="sum").float())
+    assert not torch.equal(got, plain)
