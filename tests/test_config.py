@@ -18,7 +18,7 @@ from xl.build import ConfigError, build_callbacks, build_loggers, check_device, 
 from xl.config import CALLBACKS, LOGGERS, SCHEMAS, FilesDataSchema, MemorySchema, ModelSchema, OptimSchema
 from xl.config import compose as compose_or_explain
 from xl.data import SegmentDataModule
-from xl.lit import OptimConfig
+from xl.lit import OptimConfig, XLLitModule
 from xl.model import XLConfig, count_parameters
 
 
@@ -191,7 +191,9 @@ def test_schema_mirrors_the_code_it_configures():
     context = {"mem_len", "clamp_len", "same_length", "mem_dtype"}
     xl_fields = {f.name for f in dataclasses.fields(XLConfig)}
     assert names(ModelSchema) == xl_fields - context - {"vocab_size"}
-    assert {n for n in names(MemorySchema) if not n.startswith("eval_")} == context
+    module_memory = {"doc_boundaries"}  # memory settings of the Lightning module, not of the model
+    assert {n for n in names(MemorySchema) if not n.startswith("eval_")} == context | module_memory
+    assert module_memory <= set(inspect.signature(XLLitModule).parameters)
     for schema in (ModelSchema, MemorySchema):  # the defaults are XLConfig's
         for f in dataclasses.fields(schema):
             if f.name in xl_fields:

@@ -280,6 +280,10 @@ class CountingSource(sources.TextFilesSource):
         CountingSource.calls += 1
         yield from super().texts(split)
 
+    def documents(self, split):
+        CountingSource.calls += 1
+        yield from super().documents(split)
+
 
 def test_cache_is_built_once_and_reused(tmp_path, monkeypatch):
     paths = write_corpus(tmp_path, "train text\n" * 50, "val text\n", "test text\n")
@@ -288,8 +292,8 @@ def test_cache_is_built_once_and_reused(tmp_path, monkeypatch):
     first = open_cache(source, make_tokenizer("word"), None)
     assert first.folder.parent == tmp_path / "env-cache"
     assert CountingSource.calls == 4  # fit on train, then encode train, val, test
-    assert {p.name for p in first.folder.iterdir()} == {"train.npy", "val.npy", "test.npy", "tokenizer.json",
-                                                        "meta.json"}
+    assert {p.name for p in first.folder.iterdir()} == {"train.npy", "val.npy", "test.npy", "train.docs.npy",
+                                                        "val.docs.npy", "test.docs.npy", "tokenizer.json", "meta.json"}
     second = open_cache(source, make_tokenizer("word"), None)
     assert CountingSource.calls == 4 and second.folder == first.folder
     assert second.tokenizer.itos == first.tokenizer.itos

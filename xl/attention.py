@@ -138,7 +138,8 @@ class RelMultiHeadAttention(nn.Module):
         self, h: Tensor, mem: Tensor, pos_emb: Tensor, mask: Tensor, mem_kv: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """h: [B, L, d] layer input; mem: [B, M, d] cached layer inputs (already detached);
-        pos_emb: [M+L, d] embeddings of distances M+L-1 .. 0; mask: [L, M+L] additive (0 / -inf);
+        pos_emb: [M+L, d] embeddings of distances M+L-1 .. 0; mask: additive (0 / -inf), [L, M+L] shared by
+        every row, or [B, 1, L, M+L] per row (document boundaries, :mod:`xl.documents`), broadcast over heads;
         mem_kv: the memory's keys and values [B, H, M, D] if already projected (evaluation: the weights
         are fixed, and keys carry no position, so those of the previous segment stay valid).
 
@@ -177,7 +178,8 @@ class RelMultiHeadAttention(nn.Module):
         k, v = self.kv_net(x).view(B, T, 2, self.n_head, self.d_head).permute(2, 0, 3, 1, 4)
         return k, v
 
-    def decode_one(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor, qkv_weight: Tensor) -> Tensor:
+    def decode_one(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor, qkv_weight: Tensor,
+                   hidden: Tensor | None = None) -> Tensor:
         """One new position per row against cached projections (incremental decoding): the forward with L = 1.
 
         h: [B, 1, d] layer input; keys, values: [B, H, M+1, D] views of the cache whose last slot is free:
@@ -185,7 +187,8 @@ class RelMultiHeadAttention(nn.Module):
         window slides); r: [H, D, M+1] :meth:`project_positions` of distances M .. 0, already multiplied by
         ``self.scale``; qkv_weight: :meth:`qkv_weight` (one product for query, key and value: with a few
         rows a step is bound by reading weights, and one larger product reads them faster than two).
-        The query may see every key it is given: no mask, no shift.
+        The query may see every key it is given (no shift), except those ``hidden`` [B, M+1] (True: a key of
+        another document than the row's new token; never the new token itself).
         """
         B = h.size(0)
         H, D = self.n_head, self.d_head
@@ -195,6 +198,8 @@ class RelMultiHeadAttention(nn.Module):
         keys[:, :, -1], values[:, :, -1] = qkv[:, 1], qkv[:, 2]
         # Heads as the batch of one bmm, r shared by every row (a broadcast matmul would copy r B times).
         pos_scores = torch.bmm((q + self.r_r_bias).transpose(0, 1), r).transpose(0, 1)  # [B, H, M+1]
+        if hidden is not None:
+            pos_scores = pos_scores.masked_fill(hidden[:, None], float("-inf"))
         out = F.scaled_dot_product_attention((q + self.r_w_bias)[:, :, None], keys, values,
                                              attn_mask=pos_scores[:, :, None], scale=self.scale)
         out = self.o_net(out.reshape(B, 1, H * D))

@@ -75,6 +75,7 @@ class MemorySchema:
     same_length: bool = XLConfig.same_length  # every query attends over exactly mem_len keys
     eval_same_length: bool | None = None
     mem_dtype: str = XLConfig.mem_dtype  # float32 (never rounded), bfloat16 or float16 (half the bytes)
+    doc_boundaries: str = "reset"  # reset: a token sees only its own document; ignore: one endless text per row
 
 
 @dataclass
@@ -90,6 +91,8 @@ class DataSchema:
     tgt_len: int = 128  # tokens per segment
     eval_tgt_len: int | None = None  # null: tgt_len
     cache_dir: str | None = None  # token cache; null: $XL_CACHE_DIR, else ~/.cache/xl
+    doc_sep: str | None = None  # a line that begins a new document (kept in the text), beyond the source's own
+    doc_sep_regex: bool = False  # true: doc_sep is a regular expression that the whole line must match
 
 
 @dataclass
@@ -101,12 +104,12 @@ class SourceDataSchema(DataSchema):
 
 @dataclass
 class FilesDataSchema(DataSchema):
-    """``data/files_schema``: three local text files."""
+    """``data/files_schema``: local text files, one path or a list of paths per split (each file a document)."""
 
     _target_: str = "xl.data.SegmentDataModule.from_files"
-    train: str = MISSING
-    val: str = MISSING
-    test: str = MISSING
+    train: Any = MISSING
+    val: Any = MISSING
+    test: Any = MISSING
 
 
 @dataclass
@@ -274,6 +277,7 @@ class EvalContextSchema:
     eval_clamp_len: int | None = None
     same_length: bool | None = None
     eval_same_length: bool | None = None
+    doc_boundaries: str | None = None  # reset | ignore; null: the checkpoint's
 
 
 @dataclass
@@ -290,6 +294,7 @@ class EvaluateSchema:
     vanilla: bool = False  # no cache: every token predicted by a fresh forward over attn_len tokens (slow)
     attn_len: int | None = None  # vanilla window; null: mem_len + tgt_len
     splits: list[str] = field(default_factory=lambda: ["val", "test"])
+    per_document: bool = False  # also per document: count, mean, and by position in the document
     seed: int = 1234
     run_name: str | None = None
     tags: list[str] = field(default_factory=list)

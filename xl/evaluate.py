@@ -7,6 +7,10 @@ was trained with, as in the paper. ``warmup=N`` feeds the first N segments of ev
 scoring them, so that every scored token has a full memory. ``vanilla=true`` is the paper's baseline
 (Dai et al., 2019, section 4): no cache, every token predicted by a fresh forward over the
 ``attn_len`` tokens before it.
+
+Documents: ``memory.doc_boundaries`` (null: the checkpoint's) says whether a token sees earlier documents.
+``per_document=true`` also reports the figure per document (how many, and their mean, each document weighing
+the same) and by position in document (0-31, 32-127, 128-511, 512+), which shows the cost of a cold start.
 """
 
 from __future__ import annotations
@@ -21,27 +25,33 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor
 
+from xl.adaptive import widen
 from xl.build import ConfigError, build_datamodule, build_trainer, check_device
 from xl.checkpoint import Checkpoint, check_vocabulary
 from xl.config import entry_point
+from xl.documents import MODES, Documents, DocumentStats, bucket_names, split_batch, summary
 from xl.lit import XLLitModule
 from xl.model import TransformerXL
 
 log = logging.getLogger("evaluate")
 
 
-def vanilla_nll(model: TransformerXL, context: Tensor, x: Tensor, y: Tensor, attn_len: int, clamp_len: int) -> Tensor:
+def vanilla_nll(model: TransformerXL, context: Tensor, x: Tensor, y: Tensor, attn_len: int, clamp_len: int,
+                pos: Tensor | None = None) -> Tensor:
     """Summed NLL of ``y`` when each token is predicted by its own forward over the last ``attn_len`` inputs.
 
     ``context`` holds the inputs before ``x`` (at most ``attn_len - 1`` are used); nothing else is
-    carried between forwards, so the cost is one window forward per predicted position.
+    carried between forwards, so the cost is one window forward per predicted position. ``pos``: the positions
+    of ``context ∘ x`` in their documents, when each window must stop at its last token's document start.
     """
     tokens = torch.cat([context, x], dim=1)
     total = x.new_zeros((), dtype=torch.float32)
     for i in range(x.size(1)):
         end = context.size(1) + i + 1
-        window = tokens[:, max(0, end - attn_len):end]
-        logits = model(window, mem_len=0, clamp_len=clamp_len, same_length=False).logits[:, -1]
+        begin = max(0, end - attn_len)
+        window = tokens[:, begin:end]
+        documents = None if pos is None else Documents.from_positions(pos[:, begin:end])
+        logits = model(window, mem_len=0, clamp_len=clamp_len, same_length=False, documents=documents).logits[:, -1]
         total = total + F.cross_entropy(logits.float(), y[:, i], reduction="sum")
     return total
 
@@ -59,15 +69,17 @@ class Evaluator(XLLitModule):
     """
 
     def __init__(self, model: dict[str, Any], context: dict[str, Any], unit: str, warmup: int = 0,
-                 attn_len: int | None = None) -> None:
+                 attn_len: int | None = None, doc_boundaries: str = "ignore", per_document: bool = False) -> None:
         super().__init__(model=model, eval_mem_len=context["mem_len"], eval_same_length=context["same_length"],
-                         eval_clamp_len=context["clamp_len"], unit=unit)
-        self.warmup, self.attn_len = warmup, attn_len
+                         eval_clamp_len=context["clamp_len"], unit=unit, doc_boundaries=doc_boundaries)
+        self.warmup, self.attn_len, self.per_document = warmup, attn_len, per_document
         self.history: Tensor | None = None
+        self.pos_history: Tensor | None = None  # positions in their documents of the vanilla history
+        self.stats: DocumentStats | None = None
         self.seconds, self.tokens = 0.0, 0
 
     def restart(self) -> None:
-        self.history, self.seconds, self.tokens = None, 0.0, 0
+        self.history, self.pos_history, self.stats, self.seconds, self.tokens = None, None, None, 0.0, 0
 
     def on_validation_epoch_start(self) -> None:
         super().on_validation_epoch_start()
@@ -77,23 +89,26 @@ class Evaluator(XLLitModule):
         super().on_test_epoch_start()
         self.restart()
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         self.score(batch, batch_idx, "val")
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         self.score(batch, batch_idx, "test")
 
-    def score(self, batch: tuple[Tensor, Tensor], batch_idx: int, stage: str) -> None:
-        x, y = batch
+    def score(self, batch: tuple[Tensor, ...], batch_idx: int, stage: str) -> None:
+        x, y, documents = split_batch(batch)
+        if self.per_document and (documents is None or documents.target_pos is None):
+            raise ConfigError("per_document=true needs batches that say where documents begin (xl.data's loaders)")
         scored = batch_idx >= self.warmup
         start = time.perf_counter()
-        if self.attn_len is None:
+        if self.attn_len is None and self.per_document:
+            nll = F.cross_entropy(widen(self.run_segment(x, stage, documents=documents).logits).transpose(1, 2), y,
+                                  reduction="none")
+            loss = nll.mean()
+        elif self.attn_len is None:
             loss = self.segment_loss(batch, stage)  # warm-up segments too: they fill the memory
         else:
-            history = x[:, :0] if self.history is None else self.history
-            if scored:
-                loss = vanilla_nll(self.model, history, x, y, self.attn_len, self.eval_context["clamp_len"]) / y.numel()
-            self.history = torch.cat([history, x], dim=1)[:, max(0, history.size(1) + x.size(1) - self.attn_len + 1):]
+            loss = self.vanilla_step(x, y, documents, scored)
         if not scored:
             return
         if x.is_cuda:  # kernels run asynchronously: wait before reading the clock
@@ -101,14 +116,47 @@ class Evaluator(XLLitModule):
         self.seconds += time.perf_counter() - start
         self.tokens += y.numel()
         getattr(self, f"{stage}_nll").update(loss, weight=y.numel())
+        if self.per_document:
+            if self.stats is None:
+                self.stats = DocumentStats(x.size(0), x.device)
+            self.stats.update(nll, documents.target_pos)
+
+    def vanilla_step(self, x: Tensor, y: Tensor, documents: Documents | None, scored: bool) -> Tensor | None:
+        """The mean NLL of a scored segment in the vanilla mode; every segment extends the history."""
+        history = x[:, :0] if self.history is None else self.history
+        pos = None
+        if self.doc_boundaries == "reset" and documents is not None:
+            pos_history = documents.pos[:, :0] if self.pos_history is None else self.pos_history
+            pos = torch.cat([pos_history, documents.pos], dim=1)
+        loss = None
+        if scored:
+            clamp_len = self.eval_context["clamp_len"]
+            loss = vanilla_nll(self.model, history, x, y, self.attn_len, clamp_len, pos) / y.numel()
+        keep = max(0, history.size(1) + x.size(1) - self.attn_len + 1)
+        self.history = torch.cat([history, x], dim=1)[:, keep:]
+        self.pos_history = None if pos is None else pos[:, keep:]
+        return loss
 
     def on_validation_epoch_end(self) -> None:
         self.log_speed("val")
+        self.log_documents("val")
         super().on_validation_epoch_end()
 
     def on_test_epoch_end(self) -> None:
         self.log_speed("test")
+        self.log_documents("test")
         super().on_test_epoch_end()
+
+    def log_documents(self, stage: str) -> None:
+        """The per-document figures (reduced over ranks): count, mean over documents, and by position."""
+        if self.stats is None:
+            return
+        totals = {k: self.trainer.strategy.reduce(v, reduce_op="sum") for k, v in self.stats.finish().items()}
+        values = summary(totals)
+        metrics = {f"{stage}/docs": values.pop("docs")}
+        for name, nll in values.items():
+            metrics[f"{stage}/{name}_{self.quality_name}"] = float(self.quality(torch.tensor(nll)))
+        self.log_dict(metrics, sync_dist=False)
 
     def log_speed(self, stage: str) -> None:
         if not self.tokens:
@@ -140,18 +188,30 @@ def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any) ->
         attn_len = cfg.attn_len or default_attn_len(context["mem_len"], datamodule.eval_tgt_len, context["same_length"])
         if attn_len < 1:
             raise ConfigError(f"attn_len must be >= 1 for vanilla=true, got {attn_len}")
+    per_document = bool(cfg.get("per_document", False))
+    if per_document and cfg.vanilla:
+        raise ConfigError("per_document=true reports the cached evaluation; set vanilla=false")
     try:
-        module = Evaluator(model, context, datamodule.unit, cfg.warmup, attn_len)
+        module = Evaluator(model, context, datamodule.unit, cfg.warmup, attn_len, eval_doc_boundaries(cfg, checkpoint),
+                           per_document)
     except ValueError as err:
         raise ConfigError(f"invalid memory setting: {err}") from err
     module.load_state_dict(checkpoint.state["state_dict"])
     return module
 
 
+def eval_doc_boundaries(cfg: DictConfig, checkpoint: Checkpoint) -> str:
+    """memory.doc_boundaries, else the checkpoint's, else ignore (what a checkpoint without the setting did)."""
+    value = cfg.memory.get("doc_boundaries") or checkpoint.hyper_parameters.get("doc_boundaries") or "ignore"
+    if value not in MODES:
+        raise ConfigError(f"memory.doc_boundaries must be reset or ignore, got {value!r}")
+    return value
+
+
 def describe(module: Evaluator, path: str, step: int, datamodule: Any) -> str:
     c = module.eval_context
     mode = (f"vanilla (no cache), attn_len={module.attn_len}" if module.attn_len else
-            f"mem_len={c['mem_len']} same_length={c['same_length']}")
+            f"mem_len={c['mem_len']} same_length={c['same_length']}") + f" doc_boundaries={module.doc_boundaries}"
     filled = min(c["mem_len"], module.warmup * datamodule.eval_tgt_len)
     return (f"checkpoint {path} (step {step}, trained with mem_len={module.config.mem_len})\n"
             f"  {mode} tgt_len={datamodule.eval_tgt_len} clamp_len={c['clamp_len']} "
@@ -164,11 +224,19 @@ def format_table(results: dict[str, dict[str, float]], unit: str) -> str:
     for split, m in results.items():
         lines.append(f"  {split:<6} {m[f'{split}/loss']:>8.4f} {m[f'{split}/{unit}']:>8.4f} "
                      f"{m[f'{split}/tokens']:>12,.0f} {m[f'{split}/tok_s']:>10,.0f}")
+    if all(f"{split}/docs" in m for split, m in results.items()) and results:
+        names = bucket_names()
+        lines.append(f"  per document ({unit}; by position in document):")
+        lines.append(f"  {'split':<6} {'docs':>8} {'mean':>8} " + " ".join(f"{n:>9}" for n in names))
+        for split, m in results.items():
+            lines.append(f"  {split:<6} {m[f'{split}/docs']:>8,.0f} {m[f'{split}/doc_mean_{unit}']:>8.4f} "
+                         + " ".join(f"{m[f'{split}/pos_{n}_{unit}']:>9.4f}" for n in names))
     return "\n".join(lines)
 
 
 def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
-    """``{split: {"<split>/loss", "<split>/<bpb|bpc|ppl>", "<split>/tokens", "<split>/tok_s"}}`` for val and test."""
+    """``{split: {"<split>/loss", "<split>/<bpb|bpc|ppl>", "<split>/tokens", "<split>/tok_s"}}`` for val and test;
+    with ``per_document``, also ``<split>/docs``, ``<split>/doc_mean_<unit>`` and ``<split>/pos_<range>_<unit>``."""
     check_device(cfg)
     L.seed_everything(cfg.seed, verbose=False)
     checkpoint = Checkpoint.open(cfg.ckpt, setting="ckpt")

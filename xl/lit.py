@@ -9,6 +9,7 @@ copy over the other ranks' rows.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +23,12 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 
 from xl.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
+from xl.documents import MODES, Documents, split_batch
 from xl.footprint import cache_footprint
 from xl.memory import MemoryStore
 from xl.model import TransformerXL, XLConfig, XLOutput, check_context
+
+log = logging.getLogger(__name__)
 
 
 class NonFiniteError(RuntimeError):
@@ -52,12 +56,12 @@ class OptimConfig:
         self.betas = tuple(self.betas)
 
 
-def batch_rows(batch: tuple[Tensor, Tensor]) -> int:
+def batch_rows(batch: tuple[Tensor, ...]) -> int:
     """Rows (streams) in a segment batch, for Lightning's ThroughputMonitor."""
     return batch[0].size(0)
 
 
-def batch_tokens(batch: tuple[Tensor, Tensor]) -> int:
+def batch_tokens(batch: tuple[Tensor, ...]) -> int:
     """Tokens in a segment batch, so that throughput is reported in tokens/s."""
     return batch[0].numel()
 
@@ -82,7 +86,10 @@ class XLLitModule(L.LightningModule):
         eval_clamp_len: int | None = None,
         unit: str = "byte",
         max_nonfinite_steps: int = 5,
+        doc_boundaries: str = "ignore",
     ) -> None:
+        """``doc_boundaries``: ``reset`` hides other documents' tokens from every query (:mod:`xl.documents`);
+        ``ignore`` reads each stream as one text (and is what a checkpoint without the setting was trained with)."""
         super().__init__()
         self.save_hyperparameters()
         self.config = XLConfig.from_dict(dict(model))
@@ -99,6 +106,12 @@ class XLLitModule(L.LightningModule):
         if max_nonfinite_steps < 1:
             raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
         self.max_nonfinite_steps = max_nonfinite_steps
+        if doc_boundaries not in MODES:
+            raise ValueError(f"memory.doc_boundaries must be reset or ignore, got {doc_boundaries!r}")
+        self.doc_boundaries = doc_boundaries
+        if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context["mem_len"]):
+            log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
+                     "segment are hidden")
         # Counted on the device every step, read on the host once per logging interval.
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
@@ -114,10 +127,12 @@ class XLLitModule(L.LightningModule):
         self.train_nll, self.val_nll, self.test_nll = (MeanMetric(nan_strategy="disable") for _ in range(3))
 
     # ---- one segment ----------------------------------------------------------------------------
-    def run_segment(self, x: Tensor, stage: str, targets: Tensor | None = None) -> XLOutput:
+    def run_segment(self, x: Tensor, stage: str, targets: Tensor | None = None,
+                    documents: Documents | None = None) -> XLOutput:
         """Run the next segment of the stage's streams over its memory; keep the new memory for the next one.
 
-        With ``targets`` only the loss is returned (the logits are freed), else only the logits.
+        With ``targets`` only the loss is returned (the logits are freed), else only the logits. ``documents``:
+        where the rows' documents begin, honoured with ``doc_boundaries=reset``.
         """
         anchor = self.model.anchor  # the memory follows the model to its device and storage dtype
         mems, kv = self.memory.read(stage, x.size(0), anchor.device, self.config.memory_dtype(anchor.dtype),
@@ -125,13 +140,15 @@ class XLLitModule(L.LightningModule):
         context = {} if stage == "train" else self.eval_context
         if stage != "train" and not torch.is_grad_enabled():  # Lightning evaluates without gradients
             context = {**context, "cache_kv": True, "kv": kv}
+        if self.doc_boundaries == "reset":
+            context = {**context, "documents": documents}
         out = self.model(x, mems, targets=targets, return_logits=targets is None, **context)
         self.memory.write(stage, out.mems, out.kv)
         return out
 
-    def segment_loss(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
-        x, y = batch
-        return self.run_segment(x, stage, y).loss
+    def segment_loss(self, batch: tuple[Tensor, ...], stage: str) -> Tensor:
+        x, y, documents = split_batch(batch)
+        return self.run_segment(x, stage, y, documents).loss
 
     def on_validation_epoch_start(self) -> None:
         self.memory.reset("val")
@@ -143,7 +160,7 @@ class XLLitModule(L.LightningModule):
         self.memory.reset("predict")
 
     # ---- steps and metrics ----------------------------------------------------------------------
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         if batch_idx == 0:
             # The streams restart at every epoch. Keyed on the batch index, not on epoch start, so that
             # a run resumed mid-epoch keeps the memory it restored from the checkpoint.
@@ -214,14 +231,14 @@ class XLLitModule(L.LightningModule):
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         self.val_nll.update(self.segment_loss(batch, "val"), weight=batch[1].numel())
 
     def on_validation_epoch_end(self) -> None:
         self.memory.reset("val")  # evaluation memories can be far longer than training's: free them now
         self._log_epoch("val")
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         self.test_nll.update(self.segment_loss(batch, "test"), weight=batch[1].numel())
 
     def on_test_epoch_end(self) -> None:
@@ -231,10 +248,11 @@ class XLLitModule(L.LightningModule):
     def on_predict_epoch_end(self) -> None:
         self.memory.reset("predict")
 
-    def predict_step(self, batch: tuple[Tensor, Tensor] | Tensor, batch_idx: int) -> Tensor:
+    def predict_step(self, batch: tuple[Tensor, ...] | Tensor, batch_idx: int) -> Tensor:
         """Next-token log-probabilities for each segment, with the memory carried between calls."""
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        return self.run_segment(x, "predict").logits.log_softmax(-1)
+        documents = batch[-1] if isinstance(batch, (tuple, list)) and isinstance(batch[-1], Documents) else None
+        return self.run_segment(x, "predict", documents=documents).logits.log_softmax(-1)
 
     def _log_epoch(self, stage: str) -> None:
         """Token-weighted mean NLL over the epoch (reduced across ranks), and its bits or perplexity."""

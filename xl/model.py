@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from xl.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.attention import RelMultiHeadAttention
+from xl.documents import Documents, document_mask, needs_mask
 from xl.dropout import Dropout, ReLUDropout
 from xl.memory import update_memory
 
@@ -200,10 +201,11 @@ class XLLayer(nn.Module):
         h, kv = self.attn(h, mem, pos_emb, mask, mem_kv)
         return self.ff(h), kv
 
-    def decode_one(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor, qkv_weight: Tensor) -> Tensor:
+    def decode_one(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor, qkv_weight: Tensor,
+                   hidden: Tensor | None = None) -> Tensor:
         """The evaluation forward of one new position per row [B, 1, d] against cached keys and values
         (:meth:`RelMultiHeadAttention.decode_one` says what it is given)."""
-        return self.ff.decode_one(self.attn.decode_one(h, keys, values, r, qkv_weight))
+        return self.ff.decode_one(self.attn.decode_one(h, keys, values, r, qkv_weight, hidden))
 
 
 class TransformerXL(nn.Module):
@@ -309,6 +311,7 @@ class TransformerXL(nn.Module):
         ignore_index: int = -100,
         cache_kv: bool = False,
         kv: list[tuple[Tensor, Tensor]] | None = None,
+        documents: Documents | None = None,
     ) -> XLOutput:
         """Run one segment.
 
@@ -320,6 +323,11 @@ class TransformerXL(nn.Module):
         memory's projected keys and values, to pass back as ``kv`` with that memory: each segment then
         projects only its own positions instead of memory ∘ segment. Exact, since keys and values carry
         no position. ``kv=None`` with a non-empty memory projects the memory once.
+
+        ``documents`` (:class:`xl.documents.Documents`, positions [B, L] of the inputs in their documents): each
+        token attends only to earlier tokens of its own document, in the memory and in the segment; the memory
+        must hold the positions just before this segment in every row (as the returned ``mems`` do). None: every
+        row is one text.
         """
         cfg = self.config
         mem_len = cfg.mem_len if mem_len is None else mem_len
@@ -347,6 +355,11 @@ class TransformerXL(nn.Module):
             raise ValueError(f"kv must be the {cfg.n_layer} (keys, values) pairs returned with this memory "
                              f"(each over {M} positions)")
         pos_emb, mask = self._context(L, M, clamp_len, mem_len if same_length else None)
+        if documents is not None and documents.pos.shape != (B, L):
+            raise ValueError(f"documents.pos must be [B, L] = [{B}, {L}] like the inputs, "
+                             f"got {tuple(documents.pos.shape)}")
+        if needs_mask(documents, M):
+            mask = document_mask(mask, documents.pos, M)
         pos_emb = self.drop(pos_emb)
 
         h = self.drop(self.embed(input_ids) * self.emb_scale)

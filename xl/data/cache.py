@@ -1,42 +1,49 @@
 """Tokenise a source once and keep the ids on disk as memory-mappable ``.npy`` files.
 
-The folder name is a hash of the source identity and tokenizer settings, so a changed file or vocabulary
-setting gets a fresh folder. Every file is written to a temporary name in the same folder and moved into
-place with ``os.replace``; ``meta.json`` is written last and marks the folder complete, so a crash or a full
-disk never leaves a cache that a later run trusts.
+The folder name is a hash of the source identity (its document rule included) and tokenizer settings, so a
+changed file, document rule or vocabulary setting gets a fresh folder. Each split has its ids (``<split>.npy``)
+and the offsets where its documents begin (``<split>.docs.npy``, int64, sorted, from 0), both memory-mapped when
+read. Every file is written to a temporary name in the same folder and moved into place with ``os.replace``;
+``meta.json`` is written last and marks the folder complete, so a crash or a full disk never leaves a cache that
+a later run trusts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from xl.data.errors import DataError
-from xl.data.sources import SPLITS, Source
+from xl.data.sources import SPLITS, Source, documents
 from xl.data.tokenizers import Tokenizer, tokenizer_from_dict
 
-CACHE_FORMAT = 1
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT = 2  # 2: document start offsets per split
 TOP_UNKNOWN = 20
 
 
 @dataclass(frozen=True)
 class TokenCache:
-    """A complete cache folder opened for reading: the fitted tokenizer and one read-only memmap per split."""
+    """A complete cache folder opened for reading: the fitted tokenizer, one read-only memmap of ids per split, and
+    one of the offsets where the split's documents begin."""
 
     folder: Path
     tokenizer: Tokenizer
     splits: dict[str, np.ndarray]
     meta: dict[str, Any]
+    docs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -66,14 +73,17 @@ def build_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLi
     splits = {}
     for split in SPLITS:
         unknown: Counter[str] = Counter()
-        texts = _checked_texts(source, split, tokenizer)
-        parts = [tokenizer.encode(text, unknown).astype(dtype, copy=False) for text in texts]
-        ids = np.concatenate(parts) if parts else np.zeros(0, dtype)
+        ids, starts, empty = encode_documents(source, split, tokenizer, unknown, dtype)
         if ids.size == 0:
             raise DataError(f"{source.setting(split)} gives no tokens; point it at a non-empty corpus")
+        if empty:
+            log.info("%d document(s) of %s give no tokens and are skipped (no boundary is kept for them)",
+                     empty, source.setting(split))
         _write_atomic(folder / f"{split}.npy", lambda f, ids=ids: np.save(f, ids))
+        _write_atomic(folder / f"{split}.docs.npy", lambda f, starts=starts: np.save(f, starts))
         splits[split] = {"tokens": int(ids.size), "unknown": sum(unknown.values()),
-                         "unknown_top": unknown.most_common(TOP_UNKNOWN)}
+                         "unknown_top": unknown.most_common(TOP_UNKNOWN), "documents": int(starts.size),
+                         "empty_documents": empty}
     _write_atomic(folder / "tokenizer.json", lambda f: f.write(json.dumps(tokenizer.to_dict()).encode()))
     meta = {"format": CACHE_FORMAT, "source": source.identity(), "tokenizer": tokenizer.key(),
             "unit": tokenizer.unit, "vocab_size": tokenizer.vocab_size, "dtype": dtype.name, "splits": splits,
@@ -88,16 +98,43 @@ def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLik
     meta = json.loads((folder / "meta.json").read_text())
     fitted = tokenizer_from_dict(json.loads((folder / "tokenizer.json").read_text()))
     splits = {split: np.load(folder / f"{split}.npy", mmap_mode="r") for split in SPLITS}
-    return TokenCache(folder, fitted, splits, meta)
+    docs = {split: np.load(folder / f"{split}.docs.npy", mmap_mode="r") for split in SPLITS}
+    return TokenCache(folder, fitted, splits, meta, docs)
+
+
+def encode_documents(source: Source, split: str, tokenizer: Tokenizer, unknown: Counter[str],
+                     dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, int]:
+    """The split's ids, the offsets where its documents begin (int64, from 0), and how many documents gave no
+    tokens: those are skipped (their boundary would coincide with the next document's)."""
+    parts, starts, empty, offset, pending = [], [], 0, 0, False
+    for begins, text in documents(source, split):
+        _check_text(text, source, split, tokenizer)
+        if begins:
+            empty += pending  # the previous document ended before it gave a token
+            pending = True
+        ids = tokenizer.encode(text, unknown).astype(dtype, copy=False)
+        if pending and ids.size:
+            starts.append(offset)
+            pending = False
+        parts.append(ids)
+        offset += ids.size
+    empty += pending
+    if starts[:1] != [0] and offset:  # text before the first marked document is a document too
+        starts.insert(0, 0)
+    return (np.concatenate(parts) if parts else np.zeros(0, dtype)), np.asarray(starts, dtype=np.int64), empty
 
 
 def _checked_texts(source: Source, split: str, tokenizer: Tokenizer) -> Iterator[str]:
     """The split's text; for char/word tokenizers, binary data (NUL bytes, invalid UTF-8) is an error."""
     for text in source.texts(split):
-        if tokenizer.unit != "byte" and ("\x00" in text or not _is_utf8(text)):
-            raise DataError(f"{source.setting(split)} looks binary (NUL bytes or invalid UTF-8); a {tokenizer.unit} "
-                            "tokenizer needs text, so fix the file or set data.tokenizer=byte")
+        _check_text(text, source, split, tokenizer)
         yield text
+
+
+def _check_text(text: str, source: Source, split: str, tokenizer: Tokenizer) -> None:
+    if tokenizer.unit != "byte" and ("\x00" in text or not _is_utf8(text)):
+        raise DataError(f"{source.setting(split)} looks binary (NUL bytes or invalid UTF-8); a {tokenizer.unit} "
+                        "tokenizer needs text, so fix the file or set data.tokenizer=byte")
 
 
 def _is_utf8(text: str) -> bool:

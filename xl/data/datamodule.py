@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import lightning
 
 from xl.data.cache import TokenCache, build_cache, open_cache
 from xl.data.errors import DataError
-from xl.data.sources import SPLITS, Source, TextFilesSource
+from xl.data.sources import SPLITS, SeparatedSource, Source, TextFilesSource
 from xl.data.stream import SegmentLoader
 from xl.data.tokenizers import Tokenizer, make_tokenizer
 
@@ -35,9 +36,13 @@ class SegmentDataModule(lightning.LightningDataModule):
         eval_tgt_len: int | None = None,
         cache_dir: str | os.PathLike | None = None,
         tokenizer_kwargs: dict[str, Any] | None = None,
+        doc_sep: str | None = None,
+        doc_sep_regex: bool = False,
     ) -> None:
+        """``doc_sep``: a line (``doc_sep_regex``: a regular expression a whole line matches) that begins a new
+        document, beyond the source's own documents (each file, each article)."""
         super().__init__()
-        self.source = source
+        self.source = source if doc_sep is None else SeparatedSource(source, str(doc_sep), doc_sep_regex)
         self.tokenizer_name = tokenizer
         self.tokenizer_kwargs = dict(tokenizer_kwargs or {})
         make_tokenizer(tokenizer, **self.tokenizer_kwargs)  # fail on a bad name or setting now, not in prepare_data
@@ -53,8 +58,9 @@ class SegmentDataModule(lightning.LightningDataModule):
         self._loaders: dict[str, SegmentLoader] = {}
 
     @classmethod
-    def from_files(cls, train: str, val: str, test: str, **kwargs: Any) -> SegmentDataModule:
-        """The ``data=text`` entry point: ``data.train/val/test`` are paths of local text files."""
+    def from_files(cls, train: str | Sequence[str], val: str | Sequence[str], test: str | Sequence[str],
+                   **kwargs: Any) -> SegmentDataModule:
+        """The ``data=text`` entry point: ``data.train/val/test`` are paths (or lists of paths) of local text files."""
         return cls(TextFilesSource(train, val, test), **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -91,10 +97,11 @@ class SegmentDataModule(lightning.LightningDataModule):
 
     def _make_loader(self, split: str) -> SegmentLoader:
         world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        ids, docs = self.cache.splits[split], self.cache.docs[split]
         if split == "train":
-            return SegmentLoader(self.cache.splits[split], self.batch_size, self.tgt_len, rank, world_size, split,
-                                 epoch_length=self._epoch_length)
-        return SegmentLoader(self.cache.splits[split], self.eval_batch_size, self.eval_tgt_len, rank, world_size, split)
+            return SegmentLoader(ids, self.batch_size, self.tgt_len, rank, world_size, split,
+                                 epoch_length=self._epoch_length, doc_starts=docs)
+        return SegmentLoader(ids, self.eval_batch_size, self.eval_tgt_len, rank, world_size, split, doc_starts=docs)
 
     def _epoch_length(self) -> int | None:
         """Training segments per epoch as the trainer counts them (``limit_train_batches``), once it has."""

@@ -4,15 +4,22 @@ A source gives each split ("train", "val", "test") as an iterator of text chunks
 (the word tokenizer closes lines with ``<eos>``), an ``identity()`` for the token-cache key, and ``setting()``,
 the config setting an error about a split should name. Bytes are decoded with ``surrogateescape`` so the byte
 tokenizer gets every file back byte for byte.
+
+A source may also say where its documents begin (:func:`documents`): each stdlib file, each local file, each
+WikiText article (its `` = Title = `` heading line). :class:`SeparatedSource` cuts any source's documents further
+at lines that match ``data.doc_sep``. Boundaries never change the text: a separator line stays in the stream, as
+the first line of the document it begins.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import re
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -21,6 +28,8 @@ from xl.data.errors import DataError
 
 if TYPE_CHECKING:
     import datasets
+
+log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 CHUNK_BYTES = 8 << 20
@@ -36,6 +45,42 @@ class Source(Protocol):
     def texts(self, split: str) -> Iterator[str]: ...
 
     def setting(self, split: str) -> str: ...
+
+
+Piece = tuple[bool, str]  # (a document begins with this text, the text)
+
+
+def documents(source: Source, split: str) -> Iterator[Piece]:
+    """The split's text in order, each piece saying whether a document begins with it. A source without a
+    ``documents`` method is one document per split."""
+    method = getattr(source, "documents", None)
+    if method is not None:
+        return method(split)
+    return ((i == 0, text) for i, text in enumerate(source.texts(split)))
+
+
+def line_pattern(doc_sep: str, regex: bool, setting: str = "data.doc_sep") -> re.Pattern[str]:
+    """Lines that begin a document: those equal to ``doc_sep``, or (``regex``) those that it matches whole.
+    A ``\\r`` before the newline is not part of the line."""
+    body = doc_sep if regex else re.escape(doc_sep)
+    try:
+        return re.compile(rf"^(?:{body})\r?$", re.MULTILINE)
+    except re.error as err:
+        raise DataError(f"{setting}={doc_sep!r} is not a valid regular expression ({err}); fix it, or set "
+                        "data.doc_sep_regex=false to match it as a literal line") from err
+
+
+def cut_at_lines(pieces: Iterable[Piece], pattern: re.Pattern[str]) -> Iterator[tuple[Piece, int]]:
+    """``pieces`` cut before every line that ``pattern`` matches; each new piece begins a document. Yields
+    (piece, matches in it) so that a caller can tell a rule that never matched."""
+    for begins, text in pieces:
+        cuts = [m.start() for m in pattern.finditer(text) if m.start() < len(text)]  # not the empty end "line"
+        matches = len(cuts)
+        if cuts and cuts[0] == 0:
+            begins, cuts = True, cuts[1:]
+        bounds = [0, *cuts, len(text)]
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            yield (begins or k > 0, text[a:b]), matches if k == 0 else 0
 
 
 def decode(data: bytes) -> str:
@@ -83,41 +128,91 @@ class StdlibSource:
     def setting(self, split: str) -> str:
         return f"data=stdlib ({split} split of {stdlib_dir()})"
 
+    def documents(self, split: str) -> Iterator[Piece]:
+        """Every file is one document."""
+        return ((True, text) for text in self.texts(split))
+
 
 class TextFilesSource:
-    """Three local text files, read as raw bytes so that byte/char token streams reproduce them exactly.
+    """Local text files, one path or a list of paths per split, read as raw bytes so that byte/char token streams
+    reproduce them exactly. Each file is one document (``data.doc_sep`` cuts them further).
 
     Hugging Face's ``text`` loader is not used here: it opens files in universal-newline mode and turns
     ``\\r\\n`` into ``\\n``, which would break that exactness.
     """
 
-    def __init__(self, train: str, val: str, test: str) -> None:
-        self.paths = {"train": Path(train).expanduser(), "val": Path(val).expanduser(), "test": Path(test).expanduser()}
+    def __init__(self, train: str | Sequence[str], val: str | Sequence[str], test: str | Sequence[str]) -> None:
+        self.paths = {split: [Path(p).expanduser() for p in ([paths] if isinstance(paths, (str, os.PathLike))
+                                                             else paths)]
+                      for split, paths in zip(SPLITS, (train, val, test), strict=True)}
 
-    def _checked(self, split: str) -> Path:
-        path = self.paths[split]
-        if path.is_dir():
-            raise DataError(f"data.{split}={path} is a folder; set data.{split}=PATH to a text file")
-        if not path.is_file():
-            raise DataError(f"data.{split} file {path} does not exist; set data.{split}=PATH to a text file")
-        if path.stat().st_size == 0:
-            raise DataError(f"data.{split} file {path} is empty; set data.{split}=PATH to a non-empty text file")
-        return path
+    def _checked(self, split: str) -> list[Path]:
+        paths = self.paths[split]
+        if not paths:
+            raise DataError(f"data.{split} is an empty list; set data.{split}=PATH or a list of text files")
+        for path in paths:
+            if path.is_dir():
+                raise DataError(f"data.{split}={path} is a folder; set data.{split}=PATH to a text file")
+            if not path.is_file():
+                raise DataError(f"data.{split} file {path} does not exist; set data.{split}=PATH to a text file")
+        if all(path.stat().st_size == 0 for path in paths):
+            what = f"file {paths[0]} is" if len(paths) == 1 else "files are all"
+            raise DataError(f"data.{split} {what} empty; set data.{split}=PATH to a non-empty text file")
+        return paths
 
     def identity(self) -> str:
         parts = []
         for split in SPLITS:
-            stat = self._checked(split).stat()
-            parts.append(f"{split}={self.paths[split].resolve()}:{stat.st_size}:{stat.st_mtime_ns}")
+            for path in self._checked(split):
+                stat = path.stat()
+                parts.append(f"{split}={path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}")
         return "files:" + ";".join(parts)
 
     def texts(self, split: str) -> Iterator[str]:
-        with open(self._checked(split), "rb") as f:
-            while block := f.read(CHUNK_BYTES):
-                yield decode(block + f.readline())
+        return (text for _, text in self._blocks(split))
+
+    def documents(self, split: str) -> Iterator[Piece]:
+        """The files' blocks in order; the first block of each file begins a document (an empty file yields one
+        empty piece, which the cache skips)."""
+        return self._blocks(split)
+
+    def _blocks(self, split: str) -> Iterator[Piece]:
+        for path in self._checked(split):
+            with open(path, "rb") as f:
+                yield True, decode(f.read(CHUNK_BYTES) + f.readline())
+                while block := f.read(CHUNK_BYTES):
+                    yield False, decode(block + f.readline())
 
     def setting(self, split: str) -> str:
-        return f"data.{split} ({self.paths[split]})"
+        paths = self.paths[split]
+        return f"data.{split} ({paths[0] if len(paths) == 1 else ', '.join(map(str, paths))})"
+
+
+class SeparatedSource:
+    """Another source whose documents are cut further before every line that ``doc_sep`` matches (the line
+    itself begins the new document: the text is unchanged). A rule that matches no line of a split is logged."""
+
+    def __init__(self, source: Source, doc_sep: str, regex: bool = False) -> None:
+        self.source, self.doc_sep, self.regex = source, doc_sep, regex
+        self.pattern = line_pattern(doc_sep, regex)
+
+    def identity(self) -> str:
+        return f"{self.source.identity()}|doc_sep={'regex' if self.regex else 'line'}:{self.doc_sep!r}"
+
+    def texts(self, split: str) -> Iterator[str]:
+        return self.source.texts(split)
+
+    def setting(self, split: str) -> str:
+        return self.source.setting(split)
+
+    def documents(self, split: str) -> Iterator[Piece]:
+        matches = 0
+        for piece, n in cut_at_lines(documents(self.source, split), self.pattern):
+            matches += n
+            yield piece
+        if not matches:
+            log.warning("data.doc_sep=%r matches no line of %s: its documents are not cut further (each file or "
+                        "source document stays one document)", self.doc_sep, self.source.setting(split))
 
 
 @dataclass(frozen=True)
@@ -126,6 +221,7 @@ class Benchmark:
 
     ``lines``: each row is one line of the original file (a newline is restored where the hub dropped it).
     ``carve``: the hub has only a train split; val and test are the last ``carve`` bytes twice over.
+    ``headings``: a regular expression for the lines that begin a document (None: each split is one document).
     """
 
     path: str
@@ -133,12 +229,14 @@ class Benchmark:
     splits: dict[str, str]
     lines: bool = True
     carve: int = 0
+    headings: str | None = None
 
 
 HUB_SPLITS = {"train": "train", "val": "validation", "test": "test"}
+WIKITEXT_TITLE = r" = [^=].* = "  # an article's title line; section headings are " = = Name = = "
 BENCHMARKS = {
-    "wikitext-103": Benchmark("Salesforce/wikitext", "wikitext-103-v1", HUB_SPLITS),
-    "wikitext-2": Benchmark("Salesforce/wikitext", "wikitext-2-v1", HUB_SPLITS),
+    "wikitext-103": Benchmark("Salesforce/wikitext", "wikitext-103-v1", HUB_SPLITS, headings=WIKITEXT_TITLE),
+    "wikitext-2": Benchmark("Salesforce/wikitext", "wikitext-2-v1", HUB_SPLITS, headings=WIKITEXT_TITLE),
     "enwik8": Benchmark("LTCB/enwik8", "enwik8-raw", {"train": "train"}, lines=False, carve=5_000_000),
     "text8": Benchmark("afmck/text8", None, HUB_SPLITS, lines=False),
 }
@@ -166,7 +264,7 @@ class HubSource:
 
     def identity(self) -> str:
         b = self.benchmark
-        return f"hub:{b.path}:{b.config}:{sorted(b.splits.items())}:carve={b.carve}"
+        return f"hub:{b.path}:{b.config}:{sorted(b.splits.items())}:carve={b.carve}:headings={b.headings!r}"
 
     def setting(self, split: str) -> str:
         return f"data.source.name={self.name} ({split} split)"
@@ -189,6 +287,14 @@ class HubSource:
         for batch in self._load(self.benchmark.splits[split]).iter(batch_size=10_000):
             rows = batch["text"]
             yield "".join(r if r.endswith("\n") else r + "\n" for r in rows) if self.benchmark.lines else "".join(rows)
+
+    def documents(self, split: str) -> Iterator[Piece]:
+        """Each article (a title line begins one) where the benchmark has them, else the split as one document."""
+        pieces = ((i == 0, text) for i, text in enumerate(self.texts(split)))
+        if self.benchmark.headings is None:
+            return pieces
+        pattern = line_pattern(self.benchmark.headings, True, f"the {self.name} heading rule")
+        return (piece for piece, _ in cut_at_lines(pieces, pattern))
 
     def _carved(self, split: str) -> str:
         data = "".join(self._load(self.benchmark.splits["train"])["text"]).encode("utf-8", "surrogateescape")

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from xl.data.errors import DataError
+from xl.documents import Documents, stream_positions
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, Documents]
 
 
 def split_streams(ids: np.ndarray, batch_size: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
@@ -39,7 +40,9 @@ def split_streams(ids: np.ndarray, batch_size: int, rank: int = 0, world_size: i
 
 
 class SegmentLoader:
-    """Yields ``(x, y)`` int64 tensors ``[B, L]``: ``x = rows[:, tL : tL+L]`` and ``y`` the same shifted by one.
+    """Yields ``(x, y)`` int64 tensors ``[B, L]``: ``x = rows[:, tL : tL+L]`` and ``y`` the same shifted by one;
+    given ``doc_starts`` (the sorted offsets in ``ids`` where documents begin), ``(x, y, documents)`` with the
+    :class:`xl.documents.Documents` of every row (positions of the inputs and targets in their documents).
 
     Every token but the last of each row is an input once; the last segment may be shorter than ``tgt_len``.
     The position (the next segment to yield) is reset by each ``iter()`` - Lightning stops a sized loader after
@@ -48,7 +51,7 @@ class SegmentLoader:
 
     def __init__(
         self, ids: np.ndarray, batch_size: int, tgt_len: int, rank: int = 0, world_size: int = 1, name: str = "train",
-        epoch_length: Callable[[], int | None] | None = None,
+        epoch_length: Callable[[], int | None] | None = None, doc_starts: np.ndarray | None = None,
     ) -> None:
         """``epoch_length``: how many segments the trainer reads per epoch (``limit_train_batches``), if fewer."""
         if tgt_len < 1:
@@ -63,6 +66,8 @@ class SegmentLoader:
             )
         self.batch_size, self.tgt_len, self.rank, self.world_size = batch_size, tgt_len, rank, world_size
         self.epoch_length = epoch_length
+        self.doc_starts = None if doc_starts is None else np.asarray(doc_starts, dtype=np.int64)
+        self.row_starts = (rank * batch_size + np.arange(batch_size)) * self.rows.shape[1]  # offsets in ids
         self._position = 0
         self._resuming = False
 
@@ -75,7 +80,12 @@ class SegmentLoader:
         end = min(start + self.tgt_len, self.rows.shape[1] - 1)
         x = torch.from_numpy(np.array(self.rows[:, start:end], dtype=np.int64))
         y = torch.from_numpy(np.array(self.rows[:, start + 1 : end + 1], dtype=np.int64))
-        return x, y
+        if self.doc_starts is None:
+            return x, y
+        pos = stream_positions(self.doc_starts, self.row_starts[:, None] + np.arange(start, end + 1))
+        latest = int((np.arange(end - start) - pos[:, :-1]).max())
+        pos = torch.from_numpy(pos)
+        return x, y, Documents(pos[:, :-1].contiguous(), latest, pos[:, 1:].contiguous())
 
     def __iter__(self) -> Iterator[Batch]:
         if not self._resuming:
