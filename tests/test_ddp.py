@@ -23,7 +23,7 @@ def ddp_train(tmp_path: Path, corpus, run: str, *extra: str) -> dict[int, list[d
     args = [*tiny_overrides(tmp_path / run, corpus), "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
             "test=false", "trainer.max_steps=8", "trainer.val_check_interval=4", "model.dropout=0.1",
             "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.every_n_train_steps=4",
-            "trainer.deterministic=true", "+callbacks.probe._target_=tests.ddp_probe.RankProbe",
+            "trainer.deterministic=true", "+callbacks.probe._target_=tests.helpers.ddp_probe.RankProbe",
             f"+callbacks.probe.out_dir={probe_dir}", *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.reference import naive_position_scores, reference_attention, reference_logits
+from tests.helpers.reference import naive_position_scores, reference_attention, reference_logits
 from xl.attention import TrainingAttentionCPU, rel_shift
 from xl.dropout import keep_mask
 from xl.footprint import cache_footprint
