@@ -118,7 +118,7 @@ def precision_run(tmp_path, corpus, precision: str, *extra: str):
     return run
 
 
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed", "bf16-true"])
 def test_every_automatic_precision_steps_with_clipping_and_skips_overflow(tmp_path, corpus, precision):
     """Real optimizer steps with clipping through each plugin ``precision=auto`` can pick; an overflowing gradient
     is skipped under each (by the fused AdamW's flag, or by the GradScaler, which then lowers its scale and does
