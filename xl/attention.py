@@ -179,7 +179,7 @@ class RelMultiHeadAttention(nn.Module):
         return k, v
 
     def decode_one(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor, qkv_weight: Tensor,
-                   hidden: Tensor | None = None) -> Tensor:
+                   masked_keys: Tensor | None = None) -> Tensor:
         """One new position per row against cached projections (incremental decoding): the forward with L = 1.
 
         h: [B, 1, d] layer input; keys, values: [B, H, M+1, D] views of the cache whose last slot is free:
@@ -187,7 +187,7 @@ class RelMultiHeadAttention(nn.Module):
         window slides); r: [H, D, M+1] :meth:`project_positions` of distances M .. 0, already multiplied by
         ``self.scale``; qkv_weight: :meth:`qkv_weight` (one product for query, key and value: with a few
         rows a step is bound by reading weights, and one larger product reads them faster than two).
-        The query may see every key it is given (no shift), except those ``hidden`` [B, M+1] (True: a key of
+        The query may see every key it is given (no shift), except those ``masked_keys`` [B, M+1] (True: a key of
         another document than the row's new token; never the new token itself).
         """
         B = h.size(0)
@@ -198,8 +198,8 @@ class RelMultiHeadAttention(nn.Module):
         keys[:, :, -1], values[:, :, -1] = qkv[:, 1], qkv[:, 2]
         # Heads as the batch of one bmm, r shared by every row (a broadcast matmul would copy r B times).
         pos_scores = torch.bmm((q + self.r_r_bias).transpose(0, 1), r).transpose(0, 1)  # [B, H, M+1]
-        if hidden is not None:
-            pos_scores = pos_scores.masked_fill(hidden[:, None], float("-inf"))
+        if masked_keys is not None:
+            pos_scores = pos_scores.masked_fill(masked_keys[:, None], float("-inf"))
         out = F.scaled_dot_product_attention((q + self.r_w_bias)[:, :, None], keys, values,
                                              attn_mask=pos_scores[:, :, None], scale=self.scale)
         out = self.o_net(out.reshape(B, 1, H * D))

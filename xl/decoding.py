@@ -113,13 +113,13 @@ class IncrementalDecoder:
             self._move_to_front()
         m = self.end - self.start
         cache = slice(self.start, self.end + 1)  # the visible keys and the slot for the new one
-        hidden = None
+        masked_keys = None
         if (self.doc_start > self.start).any():  # some row's document began inside the window
             keys = torch.arange(self.start, self.end + 1, device=h.device)
-            hidden = keys < torch.from_numpy(self.doc_start).to(h.device)[:, None]
+            masked_keys = keys < torch.from_numpy(self.doc_start).to(h.device)[:, None]
         for n, layer in enumerate(model.layers):
             h = layer.decode_one(h, self.k_buf[n][:, :, cache], self.v_buf[n][:, :, cache],
-                                 self.r[n][..., self.window - m:], self.qkv_weight[n], hidden)
+                                 self.r[n][..., self.window - m:], self.qkv_weight[n], masked_keys)
         self.end += 1
         self.start = max(self.start, self.end - self.visible)
         return model.head(model.final_norm(h))[:, -1]

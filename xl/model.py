@@ -144,10 +144,10 @@ def attention_mask(q_len: int, m_len: int, window: int | None, device: torch.dev
     """
     q_pos = torch.arange(m_len, m_len + q_len, device=device)[:, None]
     k_pos = torch.arange(m_len + q_len, device=device)[None, :]
-    hidden = k_pos > q_pos
+    masked = k_pos > q_pos
     if window is not None:
-        hidden |= k_pos <= q_pos - window
-    return torch.zeros(hidden.shape, device=device).masked_fill(hidden, float("-inf"))
+        masked |= k_pos <= q_pos - window
+    return torch.zeros(masked.shape, device=device).masked_fill(masked, float("-inf"))
 
 
 class FeedForward(nn.Module):
@@ -202,10 +202,10 @@ class XLLayer(nn.Module):
         return self.ff(h), kv
 
     def decode_one(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor, qkv_weight: Tensor,
-                   hidden: Tensor | None = None) -> Tensor:
+                   masked_keys: Tensor | None = None) -> Tensor:
         """The evaluation forward of one new position per row [B, 1, d] against cached keys and values
         (:meth:`RelMultiHeadAttention.decode_one` says what it is given)."""
-        return self.ff.decode_one(self.attn.decode_one(h, keys, values, r, qkv_weight, hidden))
+        return self.ff.decode_one(self.attn.decode_one(h, keys, values, r, qkv_weight, masked_keys))
 
 
 class TransformerXL(nn.Module):
@@ -377,13 +377,13 @@ class TransformerXL(nn.Module):
         new_mems = update_memory(mems, layer_inputs, mem_len, mem_dtype)
         if cache_kv and not slice_kv:
             new_kv = [layer.attn.project_memory(m) for layer, m in zip(self.layers, new_mems, strict=True)]
-        hidden = self.drop(self.final_norm(h))
+        states = self.drop(self.final_norm(h))
         if cfg.cutoffs:
             # Adaptive softmax: the loss never materialises [B, L, vocab]; the logits only when asked for.
-            loss = None if targets is None else self.head.nll(hidden, targets, ignore_index)
-            logits = self.head(hidden) if return_logits else None
+            loss = None if targets is None else self.head.nll(states, targets, ignore_index)
+            logits = self.head(states) if return_logits else None
         else:
-            logits = self.head(hidden)
+            logits = self.head(states)
             # bf16/fp16 logits are upcast for the loss; fp32/fp64 stay as they are.
             loss = None if targets is None else F.cross_entropy(
                 widen(logits).flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
