@@ -1,9 +1,10 @@
 """Tokenise a source once and keep the ids on disk as memory-mappable ``.npy`` files.
 
 The folder name is a hash of the source identity and tokenizer settings, so a changed file or vocabulary
-setting gets a fresh folder. Every file is written to a temporary name in the same folder and moved into
-place with ``os.replace``; ``meta.json`` is written last and marks the folder complete, so a crash or a full
-disk never leaves a cache that a later run trusts.
+setting gets a fresh folder; a folder whose recorded settings differ from the run's is refused, never mixed.
+A cache is built in a private temporary folder (the fitted vocabulary and the ids it gave, together) and
+renamed into place only when complete, ``meta.json`` included, so a crash, a full disk or two processes
+building at once never leave a cache that a later run trusts.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -27,6 +29,7 @@ from xl.data.tokenizers import Tokenizer, tokenizer_from_dict
 
 CACHE_FORMAT = 1
 TOP_UNKNOWN = 20
+BATCH_CHARS = 16 << 20  # text handed to one (parallel) encode_batch call
 
 
 @dataclass(frozen=True)
@@ -59,34 +62,90 @@ def build_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLi
     folder = cache_folder(source, tokenizer, cache_dir)
     if (folder / "meta.json").is_file():
         return folder
-    start = time.perf_counter()
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer.fit(_checked_texts(source, "train", tokenizer))
-    dtype = token_dtype(tokenizer.vocab_size)
-    splits = {}
-    for split in SPLITS:
-        unknown: Counter[str] = Counter()
-        texts = _checked_texts(source, split, tokenizer)
-        parts = [tokenizer.encode(text, unknown).astype(dtype, copy=False) for text in texts]
-        ids = np.concatenate(parts) if parts else np.zeros(0, dtype)
-        if ids.size == 0:
-            raise DataError(f"{source.setting(split)} gives no tokens; point it at a non-empty corpus")
-        _write_atomic(folder / f"{split}.npy", lambda f, ids=ids: np.save(f, ids))
-        splits[split] = {"tokens": int(ids.size), "unknown": sum(unknown.values()),
-                         "unknown_top": unknown.most_common(TOP_UNKNOWN)}
-    _write_atomic(folder / "tokenizer.json", lambda f: f.write(json.dumps(tokenizer.to_dict()).encode()))
-    meta = {"format": CACHE_FORMAT, "source": source.identity(), "tokenizer": tokenizer.key(),
-            "unit": tokenizer.unit, "vocab_size": tokenizer.vocab_size, "dtype": dtype.name, "splits": splits,
-            "build_seconds": round(time.perf_counter() - start, 3)}
-    _write_atomic(folder / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    try:
+        _build(source, tokenizer, work)
+        _publish(work, folder)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return folder
 
 
+def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
+    """Fit, then encode each split into ``folder``; a subword vocabulary is ranked by the train split's counts."""
+    start = time.perf_counter()
+    tokenizer.fit(_checked_texts(source, "train", tokenizer))
+    fit_seconds = time.perf_counter() - start
+    dtype = token_dtype(tokenizer.vocab_size)
+    splits, encode_seconds = {}, 0.0
+    for split in SPLITS:
+        unknown: Counter[str] = Counter()
+        encode_start = time.perf_counter()
+        ids, n_bytes = _encode(tokenizer, _checked_texts(source, split, tokenizer), unknown)
+        encode_seconds += time.perf_counter() - encode_start
+        if ids.size == 0:
+            raise DataError(f"{source.setting(split)} gives no tokens; point it at a non-empty corpus")
+        rank = getattr(tokenizer, "rank_by_frequency", None)
+        if split == "train" and rank is not None:
+            ids = rank(ids)[ids]
+        ids = ids.astype(dtype, copy=False)
+        _write_atomic(folder / f"{split}.npy", lambda f, ids=ids: np.save(f, ids))
+        splits[split] = {"tokens": int(ids.size), "bytes": n_bytes,
+                         "token_bytes": int(tokenizer.token_bytes()[ids].sum()),
+                         "unknown": sum(unknown.values()), "unknown_top": unknown.most_common(TOP_UNKNOWN)}
+    _write_atomic(folder / "tokenizer.json", lambda f: f.write(json.dumps(tokenizer.to_dict()).encode()))
+    meta = {"format": CACHE_FORMAT, "source": source.identity(), "tokenizer": tokenizer.key(),
+            "unit": tokenizer.unit, "vocab_size": tokenizer.vocab_size, "dtype": dtype.name, "splits": splits,
+            "fit_seconds": round(fit_seconds, 3), "encode_seconds": round(encode_seconds, 3),
+            "build_seconds": round(time.perf_counter() - start, 3)}
+    _write_atomic(folder / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
+
+
+def _encode(tokenizer: Tokenizer, texts: Iterable[str], unknown: Counter[str]) -> tuple[np.ndarray, int]:
+    """All ids of ``texts`` and their UTF-8 size; subword tokenizers get batches to encode in parallel."""
+    encode_batch = getattr(tokenizer, "encode_batch", None)
+    parts, n_bytes, batch, chars = [], 0, [], 0
+    for text in texts:
+        n_bytes += len(text.encode("utf-8", "surrogateescape"))
+        if encode_batch is None:
+            parts.append(tokenizer.encode(text, unknown))
+            continue
+        batch.append(text)
+        chars += len(text)
+        if chars >= BATCH_CHARS:
+            parts += encode_batch(batch)
+            batch, chars = [], 0
+    if batch:
+        parts += encode_batch(batch)
+    return (np.concatenate(parts) if parts else np.zeros(0, np.int64)), n_bytes
+
+
+def _publish(work: Path, folder: Path) -> None:
+    """Rename the finished ``work`` folder to ``folder``; a complete cache another process published first wins,
+    an incomplete one (left by a crash) is replaced."""
+    if folder.exists() and not (folder / "meta.json").is_file():
+        shutil.rmtree(folder)
+    try:
+        os.rename(work, folder)
+    except OSError:
+        if not (folder / "meta.json").is_file():
+            raise
+
+
 def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLike | None = None) -> TokenCache:
-    """Build the cache if needed, then memory-map it; the returned tokenizer is the fitted one from disk."""
+    """Build the cache if needed, then memory-map it; the returned tokenizer is the fitted one from disk.
+
+    A folder whose recorded source or tokenizer settings are not this run's (a copied or edited cache) is refused.
+    """
     folder = build_cache(source, tokenizer, cache_dir)
     meta = json.loads((folder / "meta.json").read_text())
     fitted = tokenizer_from_dict(json.loads((folder / "tokenizer.json").read_text()))
+    found = (meta.get("format"), meta.get("source"), meta.get("tokenizer"), fitted.key())
+    if found != (CACHE_FORMAT, source.identity(), tokenizer.key(), tokenizer.key()):
+        raise DataError(f"the token cache {folder} was built with other settings ({fitted.key()} on "
+                        f"{meta.get('source')}) than this run's ({tokenizer.key()} on {source.identity()}); delete "
+                        "that folder or set data.cache_dir to another folder")
     splits = {split: np.load(folder / f"{split}.npy", mmap_mode="r") for split in SPLITS}
     return TokenCache(folder, fitted, splits, meta)
 
