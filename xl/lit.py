@@ -17,10 +17,10 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
-from torchmetrics import MeanMetric
 
 from xl.checkpoint import CheckpointError, rng_state, set_rng_state
 from xl.memory import cache_footprint
+from xl.metrics import UNITS, LMMetrics, quality, quality_name
 from xl.model import TransformerXL, XLConfig, check_context
 
 STAGES = ("train", "val", "test", "predict")
@@ -92,8 +92,8 @@ class XLLitModule(L.LightningModule):
             "clamp_len": self.config.clamp_len if eval_clamp_len is None else eval_clamp_len,
         }
         check_context(**self.eval_context)
-        if unit not in ("byte", "char", "word"):
-            raise ValueError(f"unit must be byte, char or word, got {unit!r}")
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {list(UNITS)}, got {unit!r}")
         self.unit = unit
         if max_nonfinite_steps < 1:
             raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
@@ -108,9 +108,14 @@ class XLLitModule(L.LightningModule):
         self.mems: dict[str, list[Tensor] | None] = dict.fromkeys(STAGES)
         # Evaluation stages also carry their memory's projected keys/values (the weights do not change there).
         self.kv: dict[str, list[tuple[Tensor, Tensor]] | None] = dict.fromkeys(STAGES)
-        # Token-weighted mean NLL per stage; MeanMetric reduces (sum, weight) across ranks exactly.
-        # No NaN checks inside the metric: they would wait for the device every step.
-        self.train_nll, self.val_nll, self.test_nll = (MeanMetric(nan_strategy="disable") for _ in range(3))
+        # Per stage: summed NLL, tokens and their UTF-8 bytes (reduced across ranks exactly), for the loss, the
+        # unit's figure and bits per byte. No NaN checks inside: they would wait for the device every step.
+        self.metrics = LMMetrics(unit)
+
+    def setup(self, stage: str) -> None:
+        """Count scored bytes with the data's byte-length table (none without a data module that has one)."""
+        table = getattr(self.trainer.datamodule, "token_bytes", None)
+        self.metrics.set_token_bytes(table, self.config.vocab_size)
 
     # ---- memory -------------------------------------------------------------------------------
     def reset_memory(self, stage: str) -> None:
@@ -157,14 +162,11 @@ class XLLitModule(L.LightningModule):
         # Nothing here waits for the device: a non-finite loss is handled where it lands, without a
         # host-side branch. Its memory would poison every later step, so non-finite entries are zeroed
         # (in place, on memory the step just allocated); its gradients are non-finite, so the optimizer
-        # skips the update (on_before_optimizer_step); the epoch metric leaves it out with weight 0.
+        # skips the update (on_before_optimizer_step); the epoch metric leaves it out.
         for m in self.mems["train"]:
             m.nan_to_num_(0.0, 0.0, 0.0)
-        loss_value = loss.detach()
-        finite = torch.isfinite(loss_value)
-        self.train_nll.update(torch.where(finite, loss_value, 0.0), weight=finite * batch[1].numel())
-        self.log_dict({"train/loss": loss_value, f"train/{self.quality_name}": self.quality(loss_value)},
-                      on_step=True, prog_bar=True, batch_size=batch[1].size(0))
+        values = self.metrics.update("train", loss, batch[1])
+        self.log_dict(values, on_step=True, prog_bar=True, batch_size=batch[1].size(0))
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -212,13 +214,13 @@ class XLLitModule(L.LightningModule):
         self._log_epoch("train")
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self.val_nll.update(self.step(batch, "val"), weight=batch[1].numel())
+        self.metrics.update("val", self.step(batch, "val"), batch[1])
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self.test_nll.update(self.step(batch, "test"), weight=batch[1].numel())
+        self.metrics.update("test", self.step(batch, "test"), batch[1])
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
@@ -232,22 +234,18 @@ class XLLitModule(L.LightningModule):
         return out.logits.log_softmax(-1)
 
     def _log_epoch(self, stage: str) -> None:
-        """Token-weighted mean NLL over the epoch (reduced across ranks), and its bits or perplexity."""
-        metric: MeanMetric = getattr(self, f"{stage}_nll")
-        if metric.update_count == 0:
-            return
-        loss = metric.compute()
-        metric.reset()
-        values = {f"{stage}/loss": loss, f"{stage}/{self.quality_name}": self.quality(loss)}
-        self.log_dict(values, prog_bar=stage != "train", sync_dist=False)
+        """Token-weighted mean NLL over the epoch (reduced across ranks), its bits or perplexity, bits per byte."""
+        values = self.metrics.compute(stage)
+        if values:
+            self.log_dict(values, prog_bar=stage != "train", sync_dist=False)
 
     @property
     def quality_name(self) -> str:
-        return {"byte": "bpb", "char": "bpc", "word": "ppl"}[self.unit]
+        return quality_name(self.unit)
 
     def quality(self, nll: Tensor) -> Tensor:
-        """Bits per byte/char, or word perplexity, from a mean NLL in nats."""
-        return nll.exp() if self.unit == "word" else nll / math.log(2)
+        """Bits per byte/char, or perplexity per word/token, from a mean NLL in nats."""
+        return quality(self.unit, nll)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
