@@ -52,7 +52,7 @@ class ScoredText(Metric):
 
     def compute(self) -> tuple[Tensor, Tensor]:
         """(mean NLL per token, bits per byte)."""
-        return self.nats / self.tokens, self.nats / (self.bytes * math.log(2))
+        return self.nats / self.tokens, self.nats / math.log(2) / self.bytes  # int64 x float would round to float32
 
     def _apply(self, fn: Callable[[Tensor], Tensor], exclude_state: Sequence[str] = ()) -> nn.Module:
         """Move with the module but keep float64: ``module.to(torch.bfloat16)`` (bf16-true) would round the sum."""
@@ -110,7 +110,7 @@ class LMMetrics(nn.Module):
             finite = torch.isfinite(nats)
             nats, tokens, counted = torch.where(finite, nats, 0.0), finite * n, finite * counted
         self.sums[f"{stage}_nll"].update(nats, tokens, counted)
-        return self.figures(stage, nll, None if n_bytes is None else nll.double() * n / (n_bytes * math.log(2)))
+        return self.figures(stage, nll, None if n_bytes is None else nll.double() * n / math.log(2) / n_bytes)
 
     def compute(self, stage: str) -> dict[str, Tensor] | None:
         """The stage's figures over everything added since the last call (reduced across ranks), then reset;
