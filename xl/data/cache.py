@@ -151,10 +151,10 @@ def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLik
 
 
 def _checked_texts(source: Source, split: str, tokenizer: Tokenizer) -> Iterator[str]:
-    """The split's text; for char/word tokenizers, binary data (NUL bytes, invalid UTF-8) is an error."""
+    """The split's text; for char, word and subword tokenizers, binary data (NUL bytes, invalid UTF-8) is an error."""
     for text in source.texts(split):
         if tokenizer.unit != "byte" and ("\x00" in text or not _is_utf8(text)):
-            raise DataError(f"{source.setting(split)} looks binary (NUL bytes or invalid UTF-8); a {tokenizer.unit} "
+            raise DataError(f"{source.setting(split)} looks binary (NUL bytes or invalid UTF-8); a {tokenizer.name} "
                             "tokenizer needs text, so fix the file or set data.tokenizer=byte")
         yield text
 
