@@ -219,13 +219,14 @@ class WordTokenizer:
 # GPT-2's 256 printable stand-ins for the byte values: a byte-level vocabulary holds each as a token.
 BYTE_ALPHABET: frozenset[str] = frozenset(hf.pre_tokenizers.ByteLevel.alphabet())
 DEFAULT_VOCAB_SIZE = 4096
-# Up to this size one plain softmax: the usual subword vocabularies (4k-32k) keep the exact, fastest-to-tune head.
+# Up to this size (the usual subword vocabularies) one plain softmax; clusters pay off for larger vocabularies.
 PLAIN_SOFTMAX_MAX = 32768
 ADAPTIVE_HEAD = 8192
 PRE_TOKENIZERS = ("gpt2", "digits")
 PIECE_CHARS = 1 << 16
-# A cut between a non-space character and a newline: GPT-2's pattern always splits there (no piece spans it),
-# so encoding the pieces gives the same ids as encoding the whole text, and the pieces encode in parallel.
+# A cut between a non-space character and a newline: GPT-2's pattern (gpt2, digits) always splits there, so
+# encoding the pieces in parallel gives the ids of one encode of the whole text. With a tokenizer file's own
+# pattern a cut can move a token boundary at a line end (as the sources' chunks can); decoding stays exact.
 _CUT = re.compile(r"(?<=\S)(?=\n)")
 
 
