@@ -215,7 +215,7 @@ def test_a_value_out_of_range_is_one_sentence_before_any_work(key, tmp_path, cor
     ("data.tgt_len=0", DataError, "data.tgt_len must be at least 1"),
     ("data.eval_tgt_len=0", DataError, "data.eval_tgt_len must be at least 1"),
     ("data.eval_batch_size=0", DataError, "data.eval_batch_size must be at least 1"),
-    ("data.tokenizer=bpe", DataError, "data.tokenizer must be one of"),
+    ("data.tokenizer=sentencepiece", DataError, "data.tokenizer must be one of"),
     ("data.tokenizer=word data.tokenizer_kwargs={min_freq:0}", DataError,
      "data.tokenizer_kwargs.min_freq must be at least 1"),
     ("+model.n_layers=5", ConfigError, "model.n_layers is not a setting; model has n_layer, n_head"),

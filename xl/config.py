@@ -83,14 +83,16 @@ class DataSchema:
     """``data``: what every data option shares (``xl.data.SegmentDataModule``'s arguments)."""
 
     _target_: str = "xl.data.SegmentDataModule"
-    tokenizer: str = "byte"  # byte | char | word
-    tokenizer_kwargs: Any = None  # word: {min_freq: 1, max_size: null} (a mapping: OmegaConf cannot merge one
-    # into a node typed dict | None that holds null)
+    tokenizer: str = "byte"  # byte | char | word | bpe | unigram
+    # word: {min_freq: 1, max_size: null}; bpe/unigram: {vocab_size: 4096, special_tokens: [], pre_tokenizer: gpt2}
+    # (Any, not dict | None: OmegaConf cannot merge a mapping into a node so typed that holds null)
+    tokenizer_kwargs: Any = None
     batch_size: int = 8  # streams per device
     eval_batch_size: int | None = None  # null: batch_size
     tgt_len: int = 128  # tokens per segment
     eval_tgt_len: int | None = None  # null: tgt_len
     cache_dir: str | None = None  # token cache; null: $XL_CACHE_DIR, else ~/.cache/xl
+    tokenizer_file: str | None = None  # bpe/unigram: a byte-level tokenizer.json to read instead of fitting one
     doc_sep: str | None = None  # a line that begins a new document (kept in the text), beyond the source's own
     doc_sep_regex: bool = False  # true: doc_sep is a regular expression that the whole line must match
 

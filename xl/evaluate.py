@@ -115,7 +115,7 @@ class Evaluator(XLLitModule):
             torch.cuda.synchronize()
         self.seconds += time.perf_counter() - start
         self.tokens += y.numel()
-        getattr(self, f"{stage}_nll").update(loss, weight=y.numel())
+        self.metrics.update(stage, loss, y)
         if self.per_document:
             if self.stats is None:
                 self.stats = DocumentStats(x.size(0), x.device)

@@ -20,12 +20,12 @@ import torch.distributed as dist
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
-from torchmetrics import MeanMetric
 
 from xl.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
 from xl.documents import MODES, Documents, split_batch
 from xl.footprint import cache_footprint
 from xl.memory import MemoryStore
+from xl.metrics import UNITS, LMMetrics, quality, quality_name
 from xl.model import TransformerXL, XLConfig, XLOutput, check_context
 
 log = logging.getLogger(__name__)
@@ -100,8 +100,8 @@ class XLLitModule(L.LightningModule):
             "clamp_len": self.config.clamp_len if eval_clamp_len is None else eval_clamp_len,
         }
         check_context(**self.eval_context)
-        if unit not in ("byte", "char", "word"):
-            raise ValueError(f"unit must be byte, char or word, got {unit!r}")
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {list(UNITS)}, got {unit!r}")
         self.unit = unit
         if max_nonfinite_steps < 1:
             raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
@@ -122,9 +122,14 @@ class XLLitModule(L.LightningModule):
         # last optimizer step
         self.model = TransformerXL(self.config)
         self.memory = MemoryStore()
-        # Token-weighted mean NLL per stage; MeanMetric reduces (sum, weight) across ranks exactly.
-        # No NaN checks inside the metric: they would wait for the device every step.
-        self.train_nll, self.val_nll, self.test_nll = (MeanMetric(nan_strategy="disable") for _ in range(3))
+        # Per stage: summed NLL, tokens and their UTF-8 bytes (reduced across ranks exactly), for the loss, the
+        # unit's figure and bits per byte. No NaN checks inside: they would wait for the device every step.
+        self.metrics = LMMetrics(unit)
+
+    def setup(self, stage: str) -> None:
+        """Count scored bytes with the data's byte-length table (none without a data module that has one)."""
+        table = getattr(self.trainer.datamodule, "token_bytes", None)
+        self.metrics.set_token_bytes(table, self.config.vocab_size)
 
     # ---- one segment ----------------------------------------------------------------------------
     def run_segment(self, x: Tensor, stage: str, targets: Tensor | None = None,
@@ -169,15 +174,12 @@ class XLLitModule(L.LightningModule):
         # Nothing here waits for the device: a non-finite loss is handled where it lands, without a
         # host-side branch. Its memory would poison every later step, so non-finite entries are zeroed
         # (in place, on memory the step just allocated); its gradients are non-finite, so the optimizer
-        # skips the update (on_before_optimizer_step); the epoch metric leaves it out with weight 0.
+        # skips the update (on_before_optimizer_step); the epoch metric leaves it out.
         for m in self.memory.mems["train"]:
             m.nan_to_num_(0.0, 0.0, 0.0)
-        loss_value = loss.detach()
-        finite = torch.isfinite(loss_value)
-        self._loss_nonfinite = self._loss_nonfinite | ~finite
-        self.train_nll.update(torch.where(finite, loss_value, 0.0), weight=finite * batch[1].numel())
-        self.log_dict({"train/loss": loss_value, f"train/{self.quality_name}": self.quality(loss_value)},
-                      on_step=True, prog_bar=True, batch_size=batch[1].size(0))
+        self._loss_nonfinite = self._loss_nonfinite | ~torch.isfinite(loss.detach())
+        values = self.metrics.update("train", loss, batch[1])
+        self.log_dict(values, on_step=True, prog_bar=True, batch_size=batch[1].size(0))
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -232,14 +234,14 @@ class XLLitModule(L.LightningModule):
         self._log_epoch("train")
 
     def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
-        self.val_nll.update(self.segment_loss(batch, "val"), weight=batch[1].numel())
+        self.metrics.update("val", self.segment_loss(batch, "val"), batch[1])
 
     def on_validation_epoch_end(self) -> None:
         self.memory.reset("val")  # evaluation memories can be far longer than training's: free them now
         self._log_epoch("val")
 
     def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
-        self.test_nll.update(self.segment_loss(batch, "test"), weight=batch[1].numel())
+        self.metrics.update("test", self.segment_loss(batch, "test"), batch[1])
 
     def on_test_epoch_end(self) -> None:
         self.memory.reset("test")
@@ -255,23 +257,18 @@ class XLLitModule(L.LightningModule):
         return self.run_segment(x, "predict", documents=documents).logits.log_softmax(-1)
 
     def _log_epoch(self, stage: str) -> None:
-        """Token-weighted mean NLL over the epoch (reduced across ranks), and its bits or perplexity."""
-        metric: MeanMetric = getattr(self, f"{stage}_nll")
-        if metric.update_count == 0:
-            return
-        loss = metric.compute()
-        with torch.inference_mode(False):  # fresh states that a later training step may update in place
-            metric.reset()
-        values = {f"{stage}/loss": loss, f"{stage}/{self.quality_name}": self.quality(loss)}
-        self.log_dict(values, prog_bar=stage != "train", sync_dist=False)
+        """Token-weighted mean NLL over the epoch (reduced across ranks), its bits or perplexity, bits per byte."""
+        values = self.metrics.compute(stage)
+        if values:
+            self.log_dict(values, prog_bar=stage != "train", sync_dist=False)
 
     @property
     def quality_name(self) -> str:
-        return {"byte": "bpb", "char": "bpc", "word": "ppl"}[self.unit]
+        return quality_name(self.unit)
 
     def quality(self, nll: Tensor) -> Tensor:
-        """Bits per byte/char, or word perplexity, from a mean NLL in nats."""
-        return nll.exp() if self.unit == "word" else nll / math.log(2)
+        """Bits per byte/char, or perplexity per word/token, from a mean NLL in nats."""
+        return quality(self.unit, nll)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

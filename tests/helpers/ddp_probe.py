@@ -28,9 +28,9 @@ class RankProbe(L.Callback):
 
     def on_validation_epoch_end(self, trainer, module):
         # Runs before the module's own hook: the metric still holds this rank's unsynced sums.
-        nll = module.val_nll
+        sums = module.metrics.sums["val_nll"]
         self._write(trainer, {"event": "val_local", "step": trainer.global_step,
-                              "sum": float(nll.mean_value), "weight": float(nll.weight)})
+                              "sum": float(sums.nats), "weight": float(sums.tokens), "bytes": int(sums.bytes)})
 
     def on_validation_end(self, trainer, module):
         if not trainer.sanity_checking:

@@ -1,11 +1,12 @@
 """Tokenise a source once and keep the ids on disk as memory-mappable ``.npy`` files.
 
 The folder name is a hash of the source identity (its document rule included) and tokenizer settings, so a
-changed file, document rule or vocabulary setting gets a fresh folder. Each split has its ids (``<split>.npy``)
-and the offsets where its documents begin (``<split>.docs.npy``, int64, sorted, from 0), both memory-mapped when
-read. Every file is written to a temporary name in the same folder and moved into place with ``os.replace``;
-``meta.json`` is written last and marks the folder complete, so a crash or a full disk never leaves a cache that
-a later run trusts.
+changed file, document rule or vocabulary setting gets a fresh folder; a folder whose recorded settings differ
+from the run's is refused, never mixed. Each split has its ids (``<split>.npy``) and the offsets where its
+documents begin (``<split>.docs.npy``, int64, sorted, from 0), both memory-mapped when read. A cache is built in
+a private temporary folder (the fitted vocabulary and the ids it gave, together) and renamed into place only when
+complete, ``meta.json`` included, so a crash, a full disk or two processes building at once never leave a cache
+that a later run trusts.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 2  # 2: document start offsets per split
 TOP_UNKNOWN = 20
+BATCH_CHARS = 16 << 20  # text handed to one (parallel) encode_batch call
 
 
 @dataclass(frozen=True)
@@ -66,66 +69,121 @@ def build_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLi
     folder = cache_folder(source, tokenizer, cache_dir)
     if (folder / "meta.json").is_file():
         return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    try:
+        _build(source, tokenizer, work)
+        _publish(work, folder)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return folder
+
+
+def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
+    """Fit, then encode each split into ``folder``; a subword vocabulary is ranked by the train split's counts."""
     start = time.perf_counter()
-    folder.mkdir(parents=True, exist_ok=True)
     tokenizer.fit(_checked_texts(source, "train", tokenizer))
+    fit_seconds = time.perf_counter() - start
     dtype = token_dtype(tokenizer.vocab_size)
-    splits = {}
+    splits, encode_seconds = {}, 0.0
     for split in SPLITS:
         unknown: Counter[str] = Counter()
-        ids, starts, empty = encode_documents(source, split, tokenizer, unknown, dtype)
+        encode_start = time.perf_counter()
+        ids, starts, empty, n_bytes = encode_documents(source, split, tokenizer, unknown)
+        encode_seconds += time.perf_counter() - encode_start
         if ids.size == 0:
             raise DataError(f"{source.setting(split)} gives no tokens; point it at a non-empty corpus")
         if empty:
             log.info("%d document(s) of %s give no tokens and are skipped (no boundary is kept for them)",
                      empty, source.setting(split))
+        rank = getattr(tokenizer, "rank_by_frequency", None)
+        if split == "train" and rank is not None:
+            ids = rank(ids)[ids]
+        ids = ids.astype(dtype, copy=False)
         _write_atomic(folder / f"{split}.npy", lambda f, ids=ids: np.save(f, ids))
         _write_atomic(folder / f"{split}.docs.npy", lambda f, starts=starts: np.save(f, starts))
-        splits[split] = {"tokens": int(ids.size), "unknown": sum(unknown.values()),
-                         "unknown_top": unknown.most_common(TOP_UNKNOWN), "documents": int(starts.size),
-                         "empty_documents": empty}
+        splits[split] = {"tokens": int(ids.size), "bytes": n_bytes,
+                         "token_bytes": int(tokenizer.token_bytes()[ids].sum()),
+                         "unknown": sum(unknown.values()), "unknown_top": unknown.most_common(TOP_UNKNOWN),
+                         "documents": int(starts.size), "empty_documents": empty}
     _write_atomic(folder / "tokenizer.json", lambda f: f.write(json.dumps(tokenizer.to_dict()).encode()))
     meta = {"format": CACHE_FORMAT, "source": source.identity(), "tokenizer": tokenizer.key(),
             "unit": tokenizer.unit, "vocab_size": tokenizer.vocab_size, "dtype": dtype.name, "splits": splits,
+            "fit_seconds": round(fit_seconds, 3), "encode_seconds": round(encode_seconds, 3),
             "build_seconds": round(time.perf_counter() - start, 3)}
     _write_atomic(folder / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
-    return folder
+
+
+def encode_documents(source: Source, split: str, tokenizer: Tokenizer,
+                     unknown: Counter[str]) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """The split's ids, the offsets where its documents begin (int64, from 0), how many documents gave no tokens
+    (skipped: their boundary would coincide with the next document's), and the split's UTF-8 size. Subword
+    tokenizers get the documents in batches to encode in parallel."""
+    encode_batch = getattr(tokenizer, "encode_batch", None)
+    pieces: list[tuple[bool, np.ndarray]] = []  # (a document begins here, ids)
+    batch: list[tuple[bool, str]] = []
+    chars = n_bytes = 0
+    for begins, text in documents(source, split):
+        _check_text(text, source, split, tokenizer)
+        n_bytes += len(text.encode("utf-8", "surrogateescape"))
+        if encode_batch is None:
+            pieces.append((begins, tokenizer.encode(text, unknown)))
+            continue
+        batch.append((begins, text))
+        chars += len(text)
+        if chars >= BATCH_CHARS:
+            pieces += zip([b for b, _ in batch], encode_batch([t for _, t in batch]), strict=True)
+            batch, chars = [], 0
+    if batch:
+        pieces += zip([b for b, _ in batch], encode_batch([t for _, t in batch]), strict=True)
+    starts, empty, offset, pending = [], 0, 0, False
+    for begins, ids in pieces:
+        if begins:
+            empty += pending  # the previous document ended before it gave a token
+            pending = True
+        if pending and ids.size:
+            starts.append(offset)
+            pending = False
+        offset += ids.size
+    empty += pending
+    if starts[:1] != [0] and offset:  # text before the first marked document is a document too
+        starts.insert(0, 0)
+    ids = np.concatenate([p for _, p in pieces]) if pieces else np.zeros(0, np.int64)
+    return ids, np.asarray(starts, dtype=np.int64), empty, n_bytes
+
+
+def _publish(work: Path, folder: Path) -> None:
+    """Rename the finished ``work`` folder to ``folder``; a complete cache another process published first wins,
+    an incomplete one (left by a crash) is replaced."""
+    if folder.exists() and not (folder / "meta.json").is_file():
+        shutil.rmtree(folder)
+    try:
+        os.rename(work, folder)
+    except OSError:
+        if not (folder / "meta.json").is_file():
+            raise
 
 
 def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLike | None = None) -> TokenCache:
-    """Build the cache if needed, then memory-map it; the returned tokenizer is the fitted one from disk."""
+    """Build the cache if needed, then memory-map it; the returned tokenizer is the fitted one from disk.
+
+    A folder whose recorded source or tokenizer settings are not this run's (a copied or edited cache) is refused.
+    """
     folder = build_cache(source, tokenizer, cache_dir)
     meta = json.loads((folder / "meta.json").read_text())
     fitted = tokenizer_from_dict(json.loads((folder / "tokenizer.json").read_text()))
+    found = (meta.get("format"), meta.get("source"), meta.get("tokenizer"), fitted.key())
+    if found != (CACHE_FORMAT, source.identity(), tokenizer.key(), tokenizer.key()):
+        raise DataError(f"the token cache {folder} was built with other settings ({fitted.key()} on "
+                        f"{meta.get('source')}) than this run's ({tokenizer.key()} on {source.identity()}); delete "
+                        "that folder or set data.cache_dir to another folder")
     splits = {split: np.load(folder / f"{split}.npy", mmap_mode="r") for split in SPLITS}
     docs = {split: np.load(folder / f"{split}.docs.npy", mmap_mode="r") for split in SPLITS}
     return TokenCache(folder, fitted, splits, meta, docs)
 
 
-def encode_documents(source: Source, split: str, tokenizer: Tokenizer, unknown: Counter[str],
-                     dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, int]:
-    """The split's ids, the offsets where its documents begin (int64, from 0), and how many documents gave no
-    tokens: those are skipped (their boundary would coincide with the next document's)."""
-    parts, starts, empty, offset, pending = [], [], 0, 0, False
-    for begins, text in documents(source, split):
-        _check_text(text, source, split, tokenizer)
-        if begins:
-            empty += pending  # the previous document ended before it gave a token
-            pending = True
-        ids = tokenizer.encode(text, unknown).astype(dtype, copy=False)
-        if pending and ids.size:
-            starts.append(offset)
-            pending = False
-        parts.append(ids)
-        offset += ids.size
-    empty += pending
-    if starts[:1] != [0] and offset:  # text before the first marked document is a document too
-        starts.insert(0, 0)
-    return (np.concatenate(parts) if parts else np.zeros(0, dtype)), np.asarray(starts, dtype=np.int64), empty
-
-
 def _checked_texts(source: Source, split: str, tokenizer: Tokenizer) -> Iterator[str]:
-    """The split's text; for char/word tokenizers, binary data (NUL bytes, invalid UTF-8) is an error."""
+    """The split's text; for char, word and subword tokenizers, binary data (NUL bytes, invalid UTF-8) is an error."""
     for text in source.texts(split):
         _check_text(text, source, split, tokenizer)
         yield text
@@ -133,7 +191,7 @@ def _checked_texts(source: Source, split: str, tokenizer: Tokenizer) -> Iterator
 
 def _check_text(text: str, source: Source, split: str, tokenizer: Tokenizer) -> None:
     if tokenizer.unit != "byte" and ("\x00" in text or not _is_utf8(text)):
-        raise DataError(f"{source.setting(split)} looks binary (NUL bytes or invalid UTF-8); a {tokenizer.unit} "
+        raise DataError(f"{source.setting(split)} looks binary (NUL bytes or invalid UTF-8); a {tokenizer.name} "
                         "tokenizer needs text, so fix the file or set data.tokenizer=byte")
 
 

@@ -13,12 +13,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning
+import torch
 
 from xl.data.cache import TokenCache, build_cache, open_cache
 from xl.data.errors import DataError
 from xl.data.sources import SPLITS, SeparatedSource, Source, TextFilesSource
 from xl.data.stream import SegmentLoader
-from xl.data.tokenizers import Tokenizer, make_tokenizer
+from xl.data.tokenizers import Tokenizer, default_cutoffs, make_tokenizer
 
 STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}
 
@@ -38,6 +39,7 @@ class SegmentDataModule(lightning.LightningDataModule):
         tokenizer_kwargs: dict[str, Any] | None = None,
         doc_sep: str | None = None,
         doc_sep_regex: bool = False,
+        tokenizer_file: str | os.PathLike | None = None,
     ) -> None:
         """``doc_sep``: a line (``doc_sep_regex``: a regular expression a whole line matches) that begins a new
         document, beyond the source's own documents (each file, each article)."""
@@ -45,7 +47,8 @@ class SegmentDataModule(lightning.LightningDataModule):
         self.source = source if doc_sep is None else SeparatedSource(source, str(doc_sep), doc_sep_regex)
         self.tokenizer_name = tokenizer
         self.tokenizer_kwargs = dict(tokenizer_kwargs or {})
-        make_tokenizer(tokenizer, **self.tokenizer_kwargs)  # fail on a bad name or setting now, not in prepare_data
+        self.tokenizer_file = tokenizer_file
+        self._new_tokenizer()  # fail on a bad name, setting or file now, not in prepare_data
         self.batch_size = batch_size
         self.tgt_len = tgt_len
         self.eval_batch_size = batch_size if eval_batch_size is None else eval_batch_size
@@ -67,15 +70,17 @@ class SegmentDataModule(lightning.LightningDataModule):
         """Memory maps belong to one process: a pickled copy (``ddp_spawn``) reopens the cache, not the arrays."""
         return {**self.__dict__, "_cache": None, "_loaders": {}}
 
+    def _new_tokenizer(self) -> Tokenizer:
+        return make_tokenizer(self.tokenizer_name, self.tokenizer_file, **self.tokenizer_kwargs)
+
     def prepare_data(self) -> None:
-        build_cache(self.source, make_tokenizer(self.tokenizer_name, **self.tokenizer_kwargs), self.cache_dir)
+        build_cache(self.source, self._new_tokenizer(), self.cache_dir)
 
     @property
     def cache(self) -> TokenCache:
         """The opened token cache (built first if this process is the first to need it)."""
         if self._cache is None:
-            tokenizer = make_tokenizer(self.tokenizer_name, **self.tokenizer_kwargs)
-            self._cache = open_cache(self.source, tokenizer, self.cache_dir)
+            self._cache = open_cache(self.source, self._new_tokenizer(), self.cache_dir)
         return self._cache
 
     @property
@@ -89,6 +94,16 @@ class SegmentDataModule(lightning.LightningDataModule):
     @property
     def unit(self) -> str:
         return self.cache.tokenizer.unit
+
+    @property
+    def default_cutoffs(self) -> list[int]:
+        """Adaptive-softmax cutoffs that fit this vocabulary (``[]``: one plain softmax); see ``default_cutoffs``."""
+        return default_cutoffs(self.vocab_size, self.cache.tokenizer.ranked)
+
+    @property
+    def token_bytes(self) -> torch.Tensor:
+        """Each id's length in UTF-8 bytes of the original text (int64, vocabulary-sized), for bits per byte."""
+        return torch.from_numpy(self.cache.tokenizer.token_bytes())
 
     def setup(self, stage: str | None = None) -> None:
         """Cut this rank's streams for the splits ``stage`` needs; a split too short for one batch fails here."""

@@ -1,0 +1,131 @@
+"""The loss as every report shows it: mean NLL per token, the tokenizer's own unit, and bits per byte.
+
+Each tokenizer's own unit (bits per byte or char, perplexity per word or subword token) cannot be compared
+across tokenizers. Bits per byte of the original text can: ``bpb = total nats / (UTF-8 bytes of the scored
+text × ln 2)``, where the scored text is that of the target tokens, each counted by the tokenizer's byte-length
+table (``token_bytes()`` in ``xl.data.tokenizers``). For the byte tokenizer it equals bits per token; for
+char and subword tokenizers the table is exact, so bpb is exact; for words it is as exact as the word table's
+definition of a word's bytes allows. Sums are kept as float64 nats and int64 token and byte counts, and summed
+across ranks, so the epoch figures are exact whatever the batch sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torchmetrics import Metric
+
+QUALITY = {"byte": "bpb", "char": "bpc", "word": "ppl", "token": "ppl"}
+UNITS = tuple(QUALITY)
+STAGES = ("train", "val", "test")
+
+
+def quality_name(unit: str) -> str:
+    """The name of the tokenizer's own figure: bpb/bpc for bytes/chars, ppl for words and subword tokens."""
+    return QUALITY[unit]
+
+
+def quality(unit: str, nll: Tensor) -> Tensor:
+    """Bits per byte/char, or perplexity per word/token, from a mean NLL in nats."""
+    return nll.exp() if QUALITY[unit] == "ppl" else nll / math.log(2)
+
+
+class ScoredText(Metric):
+    """Summed NLL (float64 nats), scored tokens and their UTF-8 bytes (int64), summed across ranks."""
+
+    full_state_update = False
+    higher_is_better = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("nats", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("tokens", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+        self.add_state("bytes", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, nats: Tensor, tokens: Tensor | int, n_bytes: Tensor | int) -> None:
+        self.nats += nats
+        self.tokens += tokens
+        self.bytes += n_bytes
+
+    def compute(self) -> tuple[Tensor, Tensor]:
+        """(mean NLL per token, bits per byte)."""
+        return self.nats / self.tokens, self.nats / math.log(2) / self.bytes  # int64 x float would round to float32
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], exclude_state: Sequence[str] = ()) -> nn.Module:
+        """Move with the module but keep float64: ``module.to(torch.bfloat16)`` (bf16-true) would round the sum."""
+        this = super()._apply(fn, exclude_state=(*exclude_state, "nats"))
+        this.nats = this.nats.to(this.device)
+        this._defaults["nats"] = this._defaults["nats"].to(this.device)
+        return this
+
+
+class LMMetrics(nn.Module):
+    """Per-stage sums of the loss and of the scored bytes, and the figures logged from them.
+
+    ``token_bytes`` (set by :meth:`set_token_bytes`, a vocabulary-sized int64 buffer that moves with the module)
+    counts each target token's bytes. Without it, bits per byte are reported for the byte unit only (one byte
+    per token). Training leaves out a step whose loss is not finite (the optimizer skips it too); evaluation
+    counts it, so that a NaN shows.
+    """
+
+    def __init__(self, unit: str, stages: Sequence[str] = STAGES) -> None:
+        super().__init__()
+        if unit not in QUALITY:
+            raise ValueError(f"unit must be one of {list(UNITS)}, got {unit!r}")
+        self.unit = unit
+        self.sums = nn.ModuleDict({f"{stage}_nll": ScoredText() for stage in stages})  # "train" is a Module method
+        self.register_buffer("token_bytes", torch.zeros(0, dtype=torch.int64), persistent=False)
+
+    def set_token_bytes(self, table: Tensor | None, vocab_size: int) -> None:
+        """Count target bytes with ``table`` (each id's UTF-8 length); None: no table."""
+        if table is not None and table.shape != (vocab_size,):
+            raise ValueError(f"the byte-length table has shape {tuple(table.shape)}, the vocabulary {vocab_size} ids; "
+                             "the data and the model come from different tokenizers")
+        table = torch.zeros(0, dtype=torch.int64) if table is None else table.to(torch.int64)
+        self.token_bytes = table.to(self.token_bytes.device)
+
+    @property
+    def counts_bytes(self) -> bool:
+        return bool(self.token_bytes.numel()) or self.unit == "byte"
+
+    def target_bytes(self, target: Tensor) -> Tensor | int | None:
+        """UTF-8 bytes of the text of ``target``, or None when they cannot be counted."""
+        if self.token_bytes.numel():
+            return self.token_bytes[target].sum()
+        return target.numel() if self.unit == "byte" else None
+
+    def update(self, stage: str, nll: Tensor, target: Tensor) -> dict[str, Tensor]:
+        """Add a batch scored with mean NLL ``nll`` over the tokens of ``target``; return the batch's figures.
+
+        Nothing here waits for the device (no host-side branch on values, no host-to-device copy).
+        """
+        nll, n = nll.detach(), target.numel()
+        n_bytes = self.target_bytes(target)
+        nats = nll.double() * n
+        tokens, counted = n, 0 if n_bytes is None else n_bytes
+        if stage == "train":
+            finite = torch.isfinite(nats)
+            nats, tokens, counted = torch.where(finite, nats, 0.0), finite * n, finite * counted
+        self.sums[f"{stage}_nll"].update(nats, tokens, counted)
+        return self.figures(stage, nll, None if n_bytes is None else nll.double() * n / math.log(2) / n_bytes)
+
+    def compute(self, stage: str) -> dict[str, Tensor] | None:
+        """The stage's figures over everything added since the last call (reduced across ranks), then reset;
+        None if nothing was added."""
+        metric: ScoredText = self.sums[f"{stage}_nll"]
+        if metric.update_count == 0:
+            return None
+        loss, bpb = metric.compute()
+        with torch.inference_mode(False):  # fresh states that a later training step may update in place
+            metric.reset()
+        return self.figures(stage, loss, bpb if self.counts_bytes else None)
+
+    def figures(self, stage: str, loss: Tensor, bpb: Tensor | None) -> dict[str, Tensor]:
+        """``<stage>/loss``, ``<stage>/<bpb|bpc|ppl>`` and ``<stage>/bpb`` (one key for the byte unit)."""
+        values = {f"{stage}/loss": loss, f"{stage}/{quality_name(self.unit)}": quality(self.unit, loss)}
+        if bpb is not None:
+            values[f"{stage}/bpb"] = bpb
+        return values
