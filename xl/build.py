@@ -113,6 +113,7 @@ def build_module(cfg: DictConfig, datamodule: Any) -> XLLitModule:
             eval_clamp_len=cfg.memory.get("eval_clamp_len"),
             unit=datamodule.unit,
             max_nonfinite_steps=cfg.max_nonfinite_steps,
+            grad_segments=cfg.memory.get("grad_segments", 1),
         )
     except (TypeError, ValueError) as err:
         raise ConfigError(f"invalid model/memory/optim setting: {err}") from err

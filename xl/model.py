@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from xl.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.attention import RelMultiHeadAttention
 from xl.dropout import Dropout, ReLUDropout
-from xl.memory import update_memory
+from xl.memory import update_memory, update_memory_attached
 
 if TYPE_CHECKING:
     from xl.decoding import IncrementalDecoder
@@ -114,7 +114,7 @@ def check_context(mem_len: int, clamp_len: int, same_length: bool) -> None:
 @dataclass
 class XLOutput:
     logits: Tensor | None  # [B, L, vocab]; None when only the loss was asked for
-    mems: list[Tensor]  # n_layer tensors [B, mem_len', d_model], detached
+    mems: list[Tensor]  # n_layer tensors [B, mem_len', d_model], detached unless detach_memory=False
     loss: Tensor | None = None  # token mean over targets != ignore_index
     kv: list[tuple[Tensor, Tensor]] | None = None  # with cache_kv: the new memory's keys/values per layer
 
@@ -307,6 +307,7 @@ class TransformerXL(nn.Module):
         ignore_index: int = -100,
         cache_kv: bool = False,
         kv: list[tuple[Tensor, Tensor]] | None = None,
+        detach_memory: bool = True,
     ) -> XLOutput:
         """Run one segment.
 
@@ -318,6 +319,9 @@ class TransformerXL(nn.Module):
         memory's projected keys and values, to pass back as ``kv`` with that memory: each segment then
         projects only its own positions instead of memory ∘ segment. Exact, since keys and values carry
         no position. ``kv=None`` with a non-empty memory projects the memory once.
+
+        ``detach_memory=False`` returns the new memory still in the graph (:func:`xl.memory.update_memory_attached`):
+        the next segment's loss then back-propagates into this one (truncated BPTT over several segments).
         """
         cfg = self.config
         mem_len = cfg.mem_len if mem_len is None else mem_len
@@ -359,7 +363,7 @@ class TransformerXL(nn.Module):
             h, (k, v) = layer(h, mem, pos_emb, mask, mem_kv)
             if slice_kv:
                 new_kv.append((k[:, :, kept], v[:, :, kept]))
-        new_mems = update_memory(mems, layer_inputs, mem_len, mem_dtype)
+        new_mems = (update_memory if detach_memory else update_memory_attached)(mems, layer_inputs, mem_len, mem_dtype)
         if cache_kv and not slice_kv:
             new_kv = [layer.attn.project_memory(m) for layer, m in zip(self.layers, new_mems, strict=True)]
         hidden = self.drop(self.final_norm(h))
