@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from tests.conftest import compose_config, tiny_overrides
+from tests.reference import reference_attention
+from xl import attention
+from xl.build import ConfigError, build_run
 from xl.lit import XLLitModule
+from xl.model import TransformerXL, XLConfig
 
 REFERENCE = Path(__file__).parent / "data" / "tbptt_k1_reference.json"
 TINY = dict(vocab_size=64, n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, mem_len=8)
@@ -57,6 +65,287 @@ def write_reference() -> None:
     losses, digest = k1_run()
     REFERENCE.write_text(json.dumps({"torch": torch.__version__, "losses": [x.hex() for x in losses],
                                      "weights_sha256": digest}, indent=1) + "\n")
+
+
+def test_one_segment_windows_train_bit_for_bit_as_before():
+    """k = 1 (the default, and given explicitly) reproduces the losses and weights recorded before the option
+    existed (``python -m tests.test_tbptt --write-reference`` wrote them, at that code; same torch build only)."""
+    reference = json.loads(REFERENCE.read_text())
+    if reference["torch"] != torch.__version__:
+        pytest.skip(f"reference recorded with torch {reference['torch']}, this is {torch.__version__}")
+    for kwargs in ({}, {"grad_segments": 1}):
+        losses, digest = k1_run(**kwargs)
+        assert [x.hex() for x in losses] == reference["losses"]
+        assert digest == reference["weights_sha256"]
+
+
+# ---- gradients against the unrolled reference ----------------------------------------------------------------
+SMALL = dict(vocab_size=16, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0, mem_len=6)
+
+
+class StepRecorder(L.Callback):
+    """Per optimizer step: the weights it starts from and the gradients it applies (before clipping)."""
+
+    def __init__(self) -> None:
+        self.weights: list[dict[str, torch.Tensor]] = []
+        self.grads: list[dict[str, torch.Tensor]] = []
+        self.accumulation: int | None = None
+
+    def on_train_start(self, trainer, module):
+        self.accumulation = trainer.accumulate_grad_batches
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.weights.append({n: p.detach().clone() for n, p in module.model.named_parameters()})
+        self.grads.append({n: p.grad.clone() for n, p in module.model.named_parameters()})
+
+
+def windows_of(n_segments: int, k: int, accumulate: int) -> list[list[list[int]]]:
+    """Optimizer steps of one epoch, each a list of windows of segment indices."""
+    groups = [list(range(i, min(i + k * accumulate, n_segments))) for i in range(0, n_segments, k * accumulate)]
+    return [[g[i:i + k] for i in range(0, len(g), k)] for g in groups]
+
+
+def unrolled_gradients(config: dict, weights: list[dict], segments: list[tuple], steps: list[list[list[int]]],
+                       k: int, accumulate: int) -> list[dict[str, torch.Tensor]]:
+    """Slow reference: each window unrolled by hand over the full history of every layer's inputs, which stays in
+    the graph inside a window and is cut at each window's start; score-by-score attention (tests.reference)."""
+    model = TransformerXL(XLConfig(**config)).double()
+    mem_len = config["mem_len"]
+    history = [torch.zeros(segments[0][0].size(0), 0, config["d_model"], dtype=torch.float64)] * config["n_layer"]
+    grads = []
+    for step_weights, windows in zip(weights, steps, strict=True):
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(step_weights[name])
+        model.zero_grad()
+        total = 0.0
+        for window in windows:
+            history = [h.detach() for h in history]
+            for t in window:
+                x, y = segments[t]
+                h = model.embed(x) * model.emb_scale
+                for n, layer in enumerate(model.layers):
+                    mem = history[n][:, max(0, history[n].size(1) - mem_len):]
+                    history[n] = torch.cat([history[n], h], 1)
+                    h = layer.ff(reference_attention(layer.attn, h, mem))
+                logits = model.head(model.final_norm(h))
+                total = total + F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        (total / (k * accumulate)).backward()  # Lightning divides every loss by the accumulation
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    return grads
+
+
+def small_fit(k: int, segments: list[tuple], *callbacks: L.Callback, accumulate: int = 1, pre_lnorm: bool = False,
+              precision: str = "64-true") -> tuple[XLLitModule, L.Trainer]:
+    """One epoch over ``segments`` with windows of ``k``."""
+    L.seed_everything(0, verbose=False)
+    module = XLLitModule(model={**SMALL, "pre_lnorm": pre_lnorm}, optim=dict(lr=1e-2), grad_segments=k)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, precision=precision, logger=False,
+                        accumulate_grad_batches=accumulate, gradient_clip_val=0.25, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        num_sanity_val_steps=0, callbacks=list(callbacks))
+    trainer.fit(module, DataLoader(segments, batch_size=None))
+    return module, trainer
+
+
+@pytest.mark.parametrize(("k", "accumulate", "pre_lnorm"), [(1, 1, False), (2, 1, False), (3, 1, False),
+                                                            (2, 2, True)])
+def test_window_gradients_equal_the_unrolled_reference(k, accumulate, pre_lnorm):
+    """Every optimizer step applies the gradient of its windows' summed losses, back-propagated through the memory
+    inside each window and not across windows (float64, through the hand-written CPU attention backward). The
+    epoch's 7 segments end with a shorter window; the trainer's own accumulation setting is back after the fit."""
+    segments = stream_segments(2, 4, 7, SMALL["vocab_size"], seed=1)
+    recorder = StepRecorder()
+    module, trainer = small_fit(k, segments, recorder, accumulate=accumulate, pre_lnorm=pre_lnorm)
+    steps = windows_of(len(segments), k, accumulate)
+    assert len(recorder.grads) == trainer.global_step == len(steps)
+    assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == len(steps)  # one LR step per optimizer step
+    assert recorder.accumulation == k * accumulate and trainer.accumulate_grad_batches == accumulate
+    expected = unrolled_gradients({**SMALL, "pre_lnorm": pre_lnorm}, recorder.weights, segments, steps, k,
+                                  accumulate)
+    for step, (fast, slow) in enumerate(zip(recorder.grads, expected, strict=True)):
+        for name in slow:
+            torch.testing.assert_close(fast[name], slow[name], rtol=1e-9, atol=1e-12, msg=f"step {step}: {name}")
+
+
+def test_the_memory_carries_gradient_back_only_inside_its_window():
+    """Each segment's embeddings receive their gradient exactly once, in the backward pass of the batch that
+    closes their window: no graph reaches into an earlier window. Inside a window the stored memory is in the
+    graph; the window's last segment stores it detached."""
+
+    class Watch(L.Callback):
+        def __init__(self) -> None:
+            self.segment = -1
+            self.arrivals: list[tuple[int, int]] = []  # (segment whose embeddings got a gradient, during segment)
+            self.attached: list[bool] = []
+
+        def on_train_start(self, trainer, module):
+            def hook(_, args, out):
+                out.register_hook(lambda grad, owner=self.segment: self.arrivals.append((owner, self.segment)))
+            module.model.embed.register_forward_hook(hook)
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.segment += 1
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.attached.append([m.grad_fn is not None for m in module.memory.mems["train"]] == [True, True])
+
+    watch = Watch()
+    small_fit(3, stream_segments(2, 4, 7, SMALL["vocab_size"]), watch)
+    assert sorted(watch.arrivals) == [(0, 2), (1, 2), (2, 2), (3, 5), (4, 5), (5, 5), (6, 6)]
+    assert watch.attached == [True, True, False, True, True, False, False]
+
+
+def test_attached_memory_gives_the_same_forward():
+    """Keeping the memory in the graph changes no value: the same losses and memory, bit for bit."""
+    module = XLLitModule(model={**SMALL, "dropout": 0.0}).double()
+    segments = stream_segments(2, 4, 4, SMALL["vocab_size"])
+    results = []
+    for detach in (True, False):
+        module.memory.reset("train")
+        losses = torch.stack([module.segment_loss(s, "train", detach_memory=detach) for s in segments])
+        results.append((losses.detach(), [m.detach() for m in module.memory.mems["train"]]))
+        assert all((m.grad_fn is None) == detach for m in module.memory.mems["train"])
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1], strict=True))
+
+
+@pytest.mark.parametrize("path", ["cpu_backward", "sdpa"])
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+def test_gradient_reaches_an_attached_memory_through_both_attention_paths(path, pre_lnorm, monkeypatch):
+    """The memory's keys and values are projected apart from the segment's; its input gradient must still be
+    autograd's through the score-by-score reference, on the hand-written CPU backward (weights trained) and on
+    SDPA (what GPUs run; on a CPU it runs when the position scores need no gradient: frozen weights)."""
+    torch.manual_seed(0)
+    model = TransformerXL(XLConfig(**{**SMALL, "pre_lnorm": pre_lnorm})).double().train()
+    attn = model.layers[0].attn
+    attn.requires_grad_(path == "cpu_backward")
+    h = torch.randn(2, 4, 16, dtype=torch.float64)
+    mem = torch.randn(2, 6, 16, dtype=torch.float64, requires_grad=True)
+    pos_emb, mask = model._context(4, 6, -1, None)
+    calls = []
+    hand_written = attention.TrainingAttentionCPU.apply
+    monkeypatch.setattr(attention.TrainingAttentionCPU, "apply", lambda *a: calls.append(1) or hand_written(*a))
+    out_grad = torch.randn(2, 4, 16, dtype=torch.float64)
+    grads = []
+    for run in (lambda: attn(h, mem, pos_emb, mask)[0], lambda: reference_attention(attn, h, mem)):
+        mem.grad = None
+        run().backward(out_grad)
+        grads.append(mem.grad)
+    assert len(calls) == (path == "cpu_backward")
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
+
+
+# ---- the training loop: resume, faults, input ---------------------------------------------------------------------
+class SegmentLosses(L.Callback):
+    """Every segment's loss by (epoch, batch index), and the global step after it."""
+
+    def __init__(self) -> None:
+        self.losses: dict[tuple[int, int], tuple[float, int]] = {}
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.losses[trainer.current_epoch, batch_idx] = (outputs["loss"].item(), trainer.global_step)
+
+
+def resumable(tmp_path, corpus, run: str, *extra: str):
+    """tests/test_resume's setup (dropout, epochs of 5 segments, 12 steps, a checkpoint at step 7), k = 2."""
+    from tests.test_resume import resume_cfg
+
+    cfg = resume_cfg(tmp_path, corpus, run, "memory.grad_segments=2", *extra)
+    built = build_run(cfg)
+    losses = SegmentLosses()
+    built.trainer.callbacks.append(losses)
+    return built, losses
+
+
+def fit_resumable(built, losses) -> tuple:
+    built.trainer.fit(built.module, datamodule=built.datamodule, ckpt_path=built.ckpt_path, weights_only=True)
+    return built, losses.losses
+
+
+def test_resume_at_a_window_boundary_is_exact(tmp_path, corpus):
+    whole, whole_losses = fit_resumable(*resumable(tmp_path, corpus, "whole"))
+    assert whole.trainer.global_step == 12 and len(whole_losses) == 20  # epochs of 5 segments: 3 steps each
+    fit_resumable(*resumable(tmp_path, corpus, "first", "trainer.max_steps=7"))
+    ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
+    assert torch.load(ckpt, weights_only=True)["global_step"] == 7
+    second, second_losses = fit_resumable(*resumable(tmp_path, corpus, "second", f"ckpt_path={ckpt}"))
+    assert sorted(second_losses) == sorted(whole_losses)[-len(second_losses):] and len(second_losses) == 8
+    assert all(second_losses[key] == whole_losses[key] for key in second_losses)
+    for (name, a), b in zip(whole.module.state_dict().items(), second.module.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_resume_inside_a_window_finishes_it_without_the_segments_before(tmp_path, corpus):
+    """A signal stops the run after the first segment of a window; the resumed run warns, reads the rest of that
+    window with the very same forward, and steps at the same place; that one step lacks the first segment's loss."""
+    from tests.test_resume import SendSignal
+
+    whole, whole_losses = fit_resumable(*resumable(tmp_path, corpus, "whole"))
+    first, _ = resumable(tmp_path, corpus, "first", "callbacks.model_checkpoint.every_n_train_steps=null")
+    first.trainer.callbacks.append(SendSignal(signal.SIGTERM, at_step=7))
+    first.trainer.fit(first.module, datamodule=first.datamodule)
+    ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
+    saved = torch.load(ckpt, weights_only=True)
+    assert saved["global_step"] == 6 and not saved["xl"]["train_memory"].requires_grad
+    with pytest.warns(UserWarning, match=r"resumed inside a window of memory.grad_segments=2 segments: its first 1"):
+        second, second_losses = fit_resumable(*resumable(tmp_path, corpus, "second", f"ckpt_path={ckpt}"))
+    window_rest = (2, 1)  # epoch 2, second segment of its first window
+    assert min(second_losses) == window_rest and second_losses[window_rest] == whole_losses[window_rest]
+    assert second.trainer.global_step == 12 and sorted(second_losses) == sorted(whole_losses)[-9:]
+    assert not torch.equal(second.module.model.embed.weight, whole.module.model.embed.weight)
+
+
+def test_nonfinite_window_is_skipped_and_its_memory_cleaned(tmp_path, corpus):
+    from tests.test_faults import PoisonMemory
+
+    run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "trainer.max_steps=6",
+                                   "memory.grad_segments=2"))
+    poison = PoisonMemory(3)  # both segments of the fourth window read a memory holding an inf
+    run.trainer.callbacks.append(poison)
+    with pytest.warns(UserWarning, match=r"1 step\(s\) with a non-finite loss"):
+        run.trainer.fit(run.module, datamodule=run.datamodule)
+    for name, before in poison.weights[3].items():
+        assert torch.equal(before, poison.weights[4][name]), f"{name} changed in the skipped step"
+    assert not torch.equal(poison.weights[4]["embed.weight"], poison.weights[5]["embed.weight"])
+    assert all(torch.isfinite(torch.tensor(poison.losses[s])) for s in (4, 5))
+    assert poison.memory_finite and run.module.nonfinite_total == 1 and run.trainer.global_step == 6
+
+
+def test_window_steps_never_wait_for_the_device(tiny_cfg):
+    from tests.test_lit import HostSyncWatch
+
+    tiny_cfg.trainer.max_steps = 4
+    tiny_cfg.trainer.log_every_n_steps = 50
+    tiny_cfg.trainer.val_check_interval = 50
+    tiny_cfg.trainer.num_sanity_val_steps = 0
+    tiny_cfg.test = False
+    tiny_cfg.memory.grad_segments = 3
+    run = build_run(tiny_cfg)
+    watch = HostSyncWatch()
+    run.trainer.callbacks.insert(0, watch)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert run.trainer.global_step == 4 and watch.reads == []
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "2.5", "true"])
+def test_bad_window_length_is_refused_naming_the_setting(tmp_path, corpus, value):
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), f"memory.grad_segments={value}")
+    with pytest.raises(ConfigError, match=r"memory\.grad_segments must be a positive integer") as info:
+        build_run(cfg)
+    assert "\n" not in str(info.value)
+
+
+def test_windows_without_memory_are_refused(tmp_path, corpus):
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), "memory.mem_len=0", "memory.grad_segments=2")
+    with pytest.raises(ConfigError, match=r"memory\.grad_segments=2 needs memory\.mem_len > 0"):
+        build_run(cfg)
+
+
+@pytest.mark.parametrize("memory", ["default", "long", "short", "none"])
+def test_every_memory_option_defaults_to_one_segment(memory):
+    assert compose_config(f"memory={memory}").memory.grad_segments == 1
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write-reference"]:
