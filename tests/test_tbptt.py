@@ -6,6 +6,7 @@ import hashlib
 import json
 import signal
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from tests.conftest import compose_config, tiny_overrides
 from tests.reference import reference_attention
 from xl import attention
 from xl.build import ConfigError, build_run
-from xl.lit import XLLitModule
+from xl.lit import XLLitModule, segment_activation_bytes
 from xl.model import TransformerXL, XLConfig
 
 REFERENCE = Path(__file__).parent / "data" / "tbptt_k1_reference.json"
@@ -235,6 +236,54 @@ def test_gradient_reaches_an_attached_memory_through_both_attention_paths(path, 
     assert len(calls) == (path == "cpu_backward")
     assert grads[0].abs().max() > 0
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
+
+
+class SavedBytesPeak(L.Callback):
+    """The most bytes autograd held saved for backward at any time of the fit (weights not counted)."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, list[int]] = {}  # storage -> [saved tensors using it, its bytes]
+        self.total = self.peak = 0
+
+    def on_train_start(self, trainer, module):
+        self.weights = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+        self.hooks.__enter__()
+
+    def on_train_end(self, trainer, module):
+        self.hooks.__exit__(None, None, None)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() in self.weights:
+            return t
+        if storage.data_ptr() not in self.live:
+            self.live[storage.data_ptr()] = [0, storage.nbytes()]
+            self.total += storage.nbytes()
+            self.peak = max(self.peak, self.total)
+        self.live[storage.data_ptr()][0] += 1
+        weakref.finalize(t, self.release, storage.data_ptr())  # when the graph that saved it is freed
+        return t
+
+    def release(self, ptr: int) -> None:
+        entry = self.live[ptr]
+        entry[0] -= 1
+        if not entry[0]:
+            self.total -= self.live.pop(ptr)[1]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_window_holds_k_segments_activations(k):
+    """What the footprint tool states: training with windows of k segments holds about k times the activations
+    of one training segment, to within what they share and their token tensors."""
+    per_segment = segment_activation_bytes(XLConfig(**{**SMALL, "dropout": 0.1}), 2, 4)
+    peak = SavedBytesPeak()
+    module = XLLitModule(model={**SMALL, "dropout": 0.1}, grad_segments=k)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        num_sanity_val_steps=0, callbacks=[peak])
+    trainer.fit(module, DataLoader(stream_segments(2, 4, 7, SMALL["vocab_size"]), batch_size=None))
+    assert 0.9 * k * per_segment < peak.peak < 1.05 * k * per_segment
 
 
 # ---- the training loop: resume, faults, input ---------------------------------------------------------------------

@@ -182,9 +182,11 @@ class XLLitModule(L.LightningModule):
         # Nothing here waits for the device: a non-finite loss is handled where it lands, without a
         # host-side branch. Its memory would poison every later step, so non-finite entries are zeroed
         # (in place, on memory the step just allocated); its gradients are non-finite, so the optimizer
-        # skips the update (on_before_optimizer_step); the epoch metric leaves it out with weight 0.
-        for m in self.memory.mems["train"]:
-            m.nan_to_num_(0.0, 0.0, 0.0)
+        # skips the update (on_before_optimizer_step); the epoch metric leaves it out with weight 0. Not recorded
+        # by autograd: inside a window (grad_segments > 1) it would save a copy of the memory for the backward.
+        with torch.no_grad():
+            for m in self.memory.mems["train"]:
+                m.nan_to_num_(0.0, 0.0, 0.0)
         loss_value = loss.detach()
         finite = torch.isfinite(loss_value)
         self._loss_nonfinite = self._loss_nonfinite | ~finite
@@ -405,6 +407,30 @@ class XLLitModule(L.LightningModule):
             optimizer, lambda step: warmup_cosine(step, o.warmup_steps, total, o.min_lr_ratio)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def segment_activation_bytes(config: XLConfig, batch_size: int, tgt_len: int) -> int:
+    """Bytes autograd saves for the backward of one training segment over a full memory (weights not counted),
+    measured by running it on the CPU. A window of ``memory.grad_segments`` k holds k of these until its backward
+    (k = 1: one, freed by each step's backward)."""
+    model = TransformerXL(config).train()
+    x = torch.zeros(batch_size, tgt_len, dtype=torch.long)
+    mems = None
+    with torch.no_grad():
+        for _ in range(-(-config.mem_len // tgt_len)):  # fill the memory
+            mems = model(x, mems).mems
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, mems, targets=x, return_logits=False)
+    return sum(storages.values())
 
 
 def agree_across_ranks(flag: Tensor) -> Tensor:
