@@ -397,5 +397,43 @@ def test_every_memory_option_defaults_to_one_segment(memory):
     assert compose_config(f"memory={memory}").memory.grad_segments == 1
 
 
+class SegmentClock(L.Callback):
+    """Wall time of the segments after the first ``warmup`` ones."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup, self.seen, self.start, self.seconds = warmup, 0, 0.0, 0.0
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        import time
+
+        self.seen += 1
+        if self.seen == self.warmup:
+            self.start = time.perf_counter()
+        self.seconds = time.perf_counter() - self.start
+
+
+def bench(k: int, segments: int = 16, warmup: int = 4, threads: int = 2) -> None:
+    """``python -m tests.test_tbptt --bench K``: config S (4 layers, d_model 256, batch 8, tgt_len = mem_len = 128)
+    trained with windows of K segments on random tokens: tokens/s, the peak of autograd's saved bytes, and the
+    process's peak RSS (run each K in its own process)."""
+    import resource
+
+    torch.set_num_threads(threads)
+    L.seed_everything(0, verbose=False)
+    config = dict(vocab_size=256, n_layer=4, n_head=4, d_model=256, d_head=64, d_inner=1024, dropout=0.1, mem_len=128)
+    module = XLLitModule(model=config, grad_segments=k)
+    peak, clock = SavedBytesPeak(), SegmentClock(warmup)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, gradient_clip_val=0.25, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, num_sanity_val_steps=0, callbacks=[peak, clock])
+    trainer.fit(module, DataLoader(stream_segments(8, 128, warmup + segments, 256), batch_size=None))
+    tokens = segments * 8 * 128
+    print(json.dumps({"grad_segments": k, "tok_s": round(tokens / clock.seconds),
+                      "saved_mb": round(peak.peak / 2**20, 1),
+                      "rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["--write-reference"]:
     write_reference()
+elif __name__ == "__main__" and sys.argv[1:2] == ["--bench"]:
+    bench(int(sys.argv[2]))

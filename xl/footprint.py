@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--d-inner", type=int)
     parser.add_argument("--vocab", type=int)
     parser.add_argument("--grad-segments", type=int, default=1,
-                        help="memory.grad_segments: with the full shape and --tgt-len, also the activations a window of "
-                             "this many training segments holds (measured by running one segment on the CPU)")
+                        help="memory.grad_segments: with the full shape and --tgt-len, also the activations a "
+                             "window of this many training segments holds (measured by running one segment on the CPU)")
     parser.add_argument("--tgt-len", type=int)
     args = parser.parse_args(argv)
     dtypes = [getattr(torch, args.dtype)] if args.dtype else [torch.float32, torch.bfloat16]
