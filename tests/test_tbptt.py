@@ -378,6 +378,39 @@ def test_window_steps_never_wait_for_the_device(tiny_cfg):
     assert run.trainer.global_step == 4 and watch.reads == []
 
 
+class GradientDump(L.Callback):
+    """Saves the gradients of every optimizer step (as applied: after DDP's all-reduce) to ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.grads = Path(path), []
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.grads.append({n: p.grad.detach().clone() for n, p in module.model.named_parameters()})
+        if trainer.global_rank == 0:
+            torch.save(self.grads, self.path)
+
+
+@pytest.mark.slow
+def test_ddp_windows_apply_the_gradient_of_one_process_reading_every_rank(tmp_path, corpus):
+    """Two gloo processes with windows of 2 (the first segment of each window under no_sync, the window's backward
+    synchronised) apply the gradients of one process that reads both ranks' rows (no dropout)."""
+    from tests.test_ddp import ddp_train
+
+    common = ("memory.grad_segments=2", "model.dropout=0.0", "trainer.max_steps=3", "+callbacks.grads._target_="
+              "tests.test_tbptt.GradientDump")
+    ddp_train(tmp_path, corpus, "ddp", *common, f"+callbacks.grads.path={tmp_path / 'ddp.pt'}")
+    one = build_run(compose_config(*tiny_overrides(tmp_path / "one", corpus), *common[:3], "data.batch_size=8",
+                                   "test=false", "model.dropout=0.0"))
+    dump = GradientDump(str(tmp_path / "one.pt"))
+    one.trainer.callbacks.append(dump)
+    one.trainer.fit(one.module, datamodule=one.datamodule)
+    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
+    assert len(ddp) == len(dump.grads) == 3
+    for step, (a, b) in enumerate(zip(ddp, dump.grads, strict=True)):
+        for name in b:
+            torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6, msg=f"step {step}: {name}")
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "two", "2.5", "true"])
 def test_bad_window_length_is_refused_naming_the_setting(tmp_path, corpus, value):
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), f"memory.grad_segments={value}")
