@@ -180,7 +180,7 @@ def test_a_misspelt_key_in_a_config_file_names_the_file(tmp_path):
 # ---- every key: a value out of range is one sentence before any work -----------------------------------------
 BAD_VALUES = {
     "memory.mem_len": -1, "memory.eval_mem_len": -2, "memory.clamp_len": 0, "memory.eval_clamp_len": -3,
-    "memory.mem_dtype": "float8", "memory.doc_boundaries": "sometimes",
+    "memory.mem_dtype": "float8", "memory.doc_boundaries": "sometimes", "memory.grad_segments": 0,
     "optim.weight_decay": -0.1, "optim.eps": 0.0, "optim.betas": "[0.9,1.5]",
     "trainer.accelerator": "abacus", "trainer.devices": 0, "trainer.num_nodes": 0, "trainer.precision": "fp8",
     "trainer.max_steps": -2, "trainer.max_epochs": -5, "trainer.limit_train_batches": 1.5,

@@ -191,7 +191,7 @@ def test_schema_mirrors_the_code_it_configures():
     context = {"mem_len", "clamp_len", "same_length", "mem_dtype"}
     xl_fields = {f.name for f in dataclasses.fields(XLConfig)}
     assert names(ModelSchema) == xl_fields - context - {"vocab_size"}
-    module_memory = {"doc_boundaries"}  # memory settings of the Lightning module, not of the model
+    module_memory = {"doc_boundaries", "grad_segments"}  # memory settings of the Lightning module, not of the model
     assert {n for n in names(MemorySchema) if not n.startswith("eval_")} == context | module_memory
     assert module_memory <= set(inspect.signature(XLLitModule).parameters)
     for schema in (ModelSchema, MemorySchema):  # the defaults are XLConfig's

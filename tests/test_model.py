@@ -1,4 +1,4 @@
-"""The mechanism, claim by claim, against the loop reference in tests/reference.py."""
+"""The mechanism, claim by claim, against the loop reference in tests/helpers/reference.py."""
 
 from __future__ import annotations
 

@@ -80,6 +80,7 @@ RANGES: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
     ("memory.eval_clamp_len", "null, -1 (no clamping) or a positive integer", lambda v: v is None or v == -1 or v > 0),
     ("memory.mem_dtype", f"one of {', '.join(sorted(MEM_DTYPES))}", lambda v: v in MEM_DTYPES),
     ("memory.doc_boundaries", "reset or ignore", lambda v: v in ("reset", "ignore")),
+    ("memory.grad_segments", "an integer >= 1", _at_least(1)),
     ("optim.weight_decay", "a number >= 0", lambda v: v >= 0),
     ("optim.eps", "a number > 0", lambda v: v > 0),
     ("optim.betas", "two numbers in [0, 1)", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)),
@@ -338,6 +339,7 @@ def build_module(cfg: DictConfig, datamodule: Any) -> XLLitModule:
             unit=datamodule.unit,
             max_nonfinite_steps=cfg.max_nonfinite_steps,
             doc_boundaries=cfg.memory.get("doc_boundaries") or "ignore",
+            grad_segments=cfg.memory.get("grad_segments", 1),
         )
     except (TypeError, ValueError) as err:  # the vocabulary's: check_settings saw the rest
         raise model_error(err) from err

@@ -76,6 +76,7 @@ class MemorySchema:
     eval_same_length: bool | None = None
     mem_dtype: str = XLConfig.mem_dtype  # float32 (never rounded), bfloat16 or float16 (half the bytes)
     doc_boundaries: str = "reset"  # reset: a token sees only its own document; ignore: one endless text per row
+    grad_segments: int = 1  # k: gradients cross segments inside windows of k (1: Transformer-XL's stop-gradient)
 
 
 @dataclass

@@ -220,6 +220,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--d-head", type=int)
     parser.add_argument("--d-inner", type=int)
     parser.add_argument("--vocab", type=int)
+    parser.add_argument("--grad-segments", type=int, default=1,
+                        help="memory.grad_segments: with the full shape and --tgt-len, also the activations a "
+                             "window of this many training segments holds (measured by running one segment on the CPU)")
+    parser.add_argument("--tgt-len", type=int)
     args = parser.parse_args(argv)
     if args.run is not None:
         print_run(args.run)
@@ -238,6 +242,13 @@ def main(argv: list[str] | None = None) -> None:
                        d_head=args.d_head, d_inner=args.d_inner, mem_len=args.mem_len)
         params = [count_parameters(cfg)] + [None] * (len(dtypes) - 1)
     print(format_table([cache_footprint(*shape, args.batch, dtype) for dtype in dtypes], params))
+    if params is not None and args.tgt_len:
+        from xl.lit import segment_activation_bytes
+
+        per = segment_activation_bytes(cfg, args.batch, args.tgt_len) / MiB
+        k = args.grad_segments
+        print(f"training activations: {per:.1f} MB per segment (float32); memory.grad_segments={k} keeps {k} "
+              f"segments' activations until the window's backward: {k * per:.1f} MB")
 
 
 if __name__ == "__main__":

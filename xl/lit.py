@@ -1,10 +1,19 @@
-"""The LightningModule: Transformer-XL's training loop (Dai et al., 2019), one segment per step.
+"""The LightningModule: Transformer-XL's training loop (Dai et al., 2019), one segment per batch.
 
 Each batch is the next segment of every stream (see ``xl.data.stream``). A step reads the stage's memory, runs
 the segment over ``StopGrad(memory) ∘ segment``, and writes the new memory back for the next step (truncated
 BPTT: the forward context crosses the segment boundary, gradients do not). The memory itself, one per stage and
 per rank, lives in :class:`xl.memory.MemoryStore`: plain attributes, not buffers, so DDP never broadcasts rank 0's
 copy over the other ranks' rows.
+
+With ``grad_segments`` k > 1 (``memory.grad_segments``) gradients cross segment boundaries inside windows of k
+segments, as the Recurrent Memory Transformer trains its memory (Bulatov et al., 2022): TBPTT(k, k). The forward
+is unchanged (every segment sees the memory it sees with k = 1). The memory the first k-1 segments of a window
+write stays in the graph; the window's last segment writes it detached; the k losses are back-propagated
+together at the window's end, and the optimizer steps once per window (per ``accumulate_grad_batches`` windows):
+the trainer's accumulation is multiplied by k for the fit, so global steps, the LR schedule, clipping, DDP's
+gradient sync and the non-finite skip all act once per optimizer step, as they do for accumulated batches.
+Windows restart at every epoch (with the streams); an epoch's last window may be shorter.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
@@ -66,6 +76,16 @@ def batch_tokens(batch: tuple[Tensor, ...]) -> int:
     return batch[0].numel()
 
 
+def check_grad_segments(grad_segments: Any, mem_len: int) -> None:
+    """Refuse a window length that is not a positive integer, or windows without a memory to carry gradients."""
+    if not isinstance(grad_segments, int) or isinstance(grad_segments, bool) or grad_segments < 1:
+        raise ValueError(f"memory.grad_segments must be a positive integer (1: stop the gradient at every segment, "
+                         f"as Transformer-XL does), got {grad_segments!r}")
+    if grad_segments > 1 and mem_len == 0:
+        raise ValueError(f"memory.grad_segments={grad_segments} needs memory.mem_len > 0: without a memory no "
+                         "gradient crosses segments")
+
+
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
     """LR multiplier: linear from 0 to 1 over ``warmup`` steps, then cosine down to ``min_ratio``."""
     if step < warmup:
@@ -87,12 +107,18 @@ class XLLitModule(L.LightningModule):
         unit: str = "byte",
         max_nonfinite_steps: int = 5,
         doc_boundaries: str = "ignore",
+        grad_segments: int = 1,
     ) -> None:
         """``doc_boundaries``: ``reset`` hides other documents' tokens from every query (:mod:`xl.documents`);
         ``ignore`` reads each stream as one text (and is what a checkpoint without the setting was trained with)."""
         super().__init__()
         self.save_hyperparameters()
         self.config = XLConfig.from_dict(dict(model))
+        check_grad_segments(grad_segments, self.config.mem_len)
+        self.grad_segments = grad_segments
+        self._window: list[Tensor] = []  # losses of the open window, back-propagated when it closes
+        self._window_closes = True  # the current segment is the last of its window
+        self._accumulation: tuple[L.Trainer, int, int] | None = None  # (trainer, its own setting, the one set)
         self.optim = OptimConfig(**(optim or {}))
         self.eval_context = {
             "mem_len": self.config.mem_len if eval_mem_len is None else eval_mem_len,
@@ -126,18 +152,14 @@ class XLLitModule(L.LightningModule):
         # unit's figure and bits per byte. No NaN checks inside: they would wait for the device every step.
         self.metrics = LMMetrics(unit)
 
-    def setup(self, stage: str) -> None:
-        """Count scored bytes with the data's byte-length table (none without a data module that has one)."""
-        table = getattr(self.trainer.datamodule, "token_bytes", None)
-        self.metrics.set_token_bytes(table, self.config.vocab_size)
-
     # ---- one segment ----------------------------------------------------------------------------
     def run_segment(self, x: Tensor, stage: str, targets: Tensor | None = None,
-                    documents: Documents | None = None) -> XLOutput:
+                    documents: Documents | None = None, detach_memory: bool = True) -> XLOutput:
         """Run the next segment of the stage's streams over its memory; keep the new memory for the next one.
 
         With ``targets`` only the loss is returned (the logits are freed), else only the logits. ``documents``:
-        where the rows' documents begin, honoured with ``doc_boundaries=reset``.
+        where the rows' documents begin, honoured with ``doc_boundaries=reset``. ``detach_memory=False`` keeps the
+        new memory in the graph (inside a window of ``grad_segments``).
         """
         anchor = self.model.anchor  # the memory follows the model to its device and storage dtype
         mems, kv = self.memory.read(stage, x.size(0), anchor.device, self.config.memory_dtype(anchor.dtype),
@@ -147,13 +169,14 @@ class XLLitModule(L.LightningModule):
             context = {**context, "cache_kv": True, "kv": kv}
         if self.doc_boundaries == "reset":
             context = {**context, "documents": documents}
-        out = self.model(x, mems, targets=targets, return_logits=targets is None, **context)
+        out = self.model(x, mems, targets=targets, return_logits=targets is None, detach_memory=detach_memory,
+                         **context)
         self.memory.write(stage, out.mems, out.kv)
         return out
 
-    def segment_loss(self, batch: tuple[Tensor, ...], stage: str) -> Tensor:
+    def segment_loss(self, batch: tuple[Tensor, ...], stage: str, detach_memory: bool = True) -> Tensor:
         x, y, documents = split_batch(batch)
-        return self.run_segment(x, stage, y, documents).loss
+        return self.run_segment(x, stage, y, documents, detach_memory).loss
 
     def on_validation_epoch_start(self) -> None:
         self.memory.reset("val")
@@ -170,17 +193,71 @@ class XLLitModule(L.LightningModule):
             # The streams restart at every epoch. Keyed on the batch index, not on epoch start, so that
             # a run resumed mid-epoch keeps the memory it restored from the checkpoint.
             self.memory.reset("train")
-        loss = self.segment_loss(batch, "train")
+        if self.grad_segments > 1:
+            self._window_closes = self._segment_closes_window(batch_idx)
+        loss = self.segment_loss(batch, "train", detach_memory=self._window_closes)
         # Nothing here waits for the device: a non-finite loss is handled where it lands, without a
         # host-side branch. Its memory would poison every later step, so non-finite entries are zeroed
         # (in place, on memory the step just allocated); its gradients are non-finite, so the optimizer
-        # skips the update (on_before_optimizer_step); the epoch metric leaves it out.
-        for m in self.memory.mems["train"]:
-            m.nan_to_num_(0.0, 0.0, 0.0)
+        # skips the update (on_before_optimizer_step); the epoch metric leaves it out. Not recorded by
+        # autograd: inside a window (grad_segments > 1) it would save a copy of the memory for the backward.
+        with torch.no_grad():
+            for m in self.memory.mems["train"]:
+                m.nan_to_num_(0.0, 0.0, 0.0)
         self._loss_nonfinite = self._loss_nonfinite | ~torch.isfinite(loss.detach())
         values = self.metrics.update("train", loss, batch[1])
         self.log_dict(values, on_step=True, prog_bar=True, batch_size=batch[1].size(0))
         return loss
+
+    def _segment_closes_window(self, batch_idx: int) -> bool:
+        """Whether this segment is the last of its window: the k-th, or the last before an optimizer step (the end
+        of an epoch). A fit resumed from a checkpoint inside a window finishes that window without the segments
+        before the checkpoint (their graph is not saved), as accumulated gradients are not; the forward is exact."""
+        position = batch_idx % self.grad_segments
+        if position and not self._window:
+            rank_zero_warn(f"resumed inside a window of memory.grad_segments={self.grad_segments} segments: its "
+                           f"first {position} segment(s), before the checkpoint, add nothing to its gradient")
+        # Lightning's own test for an optimizer step after this batch (accumulation reached, or the epoch's end).
+        return position == self.grad_segments - 1 or not self.trainer.fit_loop._should_accumulate()
+
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """With ``grad_segments`` > 1: keep the window's losses and back-propagate their sum when it closes (the
+        segments' graphs are joined by the attached memory, so one backward pass serves them all)."""
+        if self.grad_segments == 1:
+            super().backward(loss, *args, **kwargs)
+            return
+        self._window.append(loss)
+        if self._window_closes:
+            window, self._window = self._window, []
+            super().backward(torch.stack(window).sum(), *args, **kwargs)
+
+    def setup(self, stage: str) -> None:
+        """Count scored bytes with the data's byte-length table (none without a data module that has one). With
+        ``grad_segments`` k > 1, fitting: the trainer accumulates k times its own setting for this fit, so that
+        the optimizer steps once per window (once per ``accumulate_grad_batches`` windows)."""
+        table = getattr(self.trainer.datamodule, "token_bytes", None)
+        self.metrics.set_token_bytes(table, self.config.vocab_size)
+        if stage != "fit" or self.grad_segments == 1:
+            return
+        trainer = self.trainer
+        if trainer.strategy.handles_gradient_accumulation or any(
+                isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
+            raise ValueError("memory.grad_segments > 1 sets the trainer's gradient accumulation itself; it cannot be "
+                             "combined with a strategy or callback that changes it")
+        own = trainer.accumulate_grad_batches
+        if self._accumulation is not None and self._accumulation[0] is trainer and own == self._accumulation[2]:
+            own = self._accumulation[1]  # an earlier fit of this trainer ended without its teardown
+        trainer.accumulate_grad_batches = own * self.grad_segments
+        self._accumulation = (trainer, own, trainer.accumulate_grad_batches)
+
+    def teardown(self, stage: str) -> None:
+        if stage == "fit" and self._accumulation is not None:
+            trainer, own, _ = self._accumulation
+            trainer.accumulate_grad_batches = own
+            self._accumulation = None
+
+    def on_train_start(self) -> None:
+        self._window = []
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Skip an update whose loss or gradients are not finite, deciding on the device (no host sync).
@@ -214,6 +291,10 @@ class XLLitModule(L.LightningModule):
                 self.log("train/nonfinite_steps", float(self.nonfinite_total))
 
     def on_train_end(self) -> None:
+        mems = self.memory.mems["train"]
+        if self.grad_segments > 1 and mems is not None:  # a fit stopped inside a window (a signal): free its graph
+            self._window = []
+            self.memory.write("train", [m.detach() for m in mems])
         self.check_nonfinite()
 
     def check_nonfinite(self) -> None:
@@ -339,6 +420,30 @@ class XLLitModule(L.LightningModule):
             optimizer, lambda step: warmup_cosine(step, o.warmup_steps, total, o.min_lr_ratio)
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def segment_activation_bytes(config: XLConfig, batch_size: int, tgt_len: int) -> int:
+    """Bytes autograd saves for the backward of one training segment over a full memory (weights not counted),
+    measured by running it on the CPU. A window of ``memory.grad_segments`` k holds k of these until its backward
+    (k = 1: one, freed by each step's backward)."""
+    model = TransformerXL(config).train()
+    x = torch.zeros(batch_size, tgt_len, dtype=torch.long)
+    mems = None
+    with torch.no_grad():
+        for _ in range(-(-config.mem_len // tgt_len)):  # fill the memory
+            mems = model(x, mems).mems
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, mems, targets=x, return_logits=False)
+    return sum(storages.values())
 
 
 def agree_across_ranks(flag: Tensor) -> Tensor:

@@ -5,6 +5,9 @@ n-1's outputs; the embeddings for n = 1). Segment t+1 attends over ``StopGrad(me
 read-only context, so no gradient ever reaches it.
 
 - :func:`update_memory` is the rule: keep the newest ``mem_len`` positions of ``old ∘ current``, detached.
+- :func:`update_memory_attached` keeps the same positions but leaves them in the graph, so that a later
+  segment's loss back-propagates into the segments that wrote them (truncated BPTT over several segments, as
+  the Recurrent Memory Transformer trains its memory: Bulatov et al., 2022; ``memory.grad_segments``).
 - :class:`MemoryStore` holds one memory per stage (train/val/test/predict), so that validation never touches the
   training memory. It checks rows, follows the model to whatever device and dtype it is moved to, and releases
   an evaluation stage's memory (and its cached keys/values) as soon as that evaluation ends.
@@ -30,15 +33,23 @@ def update_memory(
 
     ``dtype``: the storage dtype (default: that of the old memory).
     """
-    new = []
     with torch.no_grad():
-        for m, h in zip(mems, layer_inputs, strict=True):
-            # Copy only what is kept: the newest positions of h, then as many of m's as still fit.
-            from_h = min(mem_len, h.size(1))
-            from_m = min(mem_len - from_h, m.size(1))
-            dtype_ = dtype or m.dtype
-            parts = [m[:, m.size(1) - from_m:].to(dtype_), h[:, h.size(1) - from_h:].to(dtype_)]
-            new.append(torch.cat(parts, dim=1).detach())  # a fresh tensor: callers may clean it in place
+        # Fresh tensors: callers may clean them in place.
+        return [m.detach() for m in update_memory_attached(mems, layer_inputs, mem_len, dtype)]
+
+
+def update_memory_attached(
+    mems: list[Tensor], layer_inputs: list[Tensor], mem_len: int, dtype: torch.dtype | None = None
+) -> list[Tensor]:
+    """The positions :func:`update_memory` keeps, still in the graph: gradients flow back through them into the
+    segments that computed them (and, through ``mems``, into earlier ones that were also kept attached)."""
+    new = []
+    for m, h in zip(mems, layer_inputs, strict=True):
+        # Copy only what is kept: the newest positions of h, then as many of m's as still fit.
+        from_h = min(mem_len, h.size(1))
+        from_m = min(mem_len - from_h, m.size(1))
+        dtype_ = dtype or m.dtype
+        new.append(torch.cat([m[:, m.size(1) - from_m:].to(dtype_), h[:, h.size(1) - from_h:].to(dtype_)], dim=1))
     return new
 
 
@@ -98,7 +109,7 @@ class MemoryStore:
         mems = self.mems["train"]
         if mems is None:
             return None
-        stacked = torch.stack(mems)  # [n_layer, B, M, d]
+        stacked = torch.stack([m.detach() for m in mems])  # [n_layer, B, M, d]; a window's graph is not saved
         gathered = all_gather(stacked) if world_size > 1 else stacked[None]
         return gathered.cpu()
 

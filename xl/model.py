@@ -20,7 +20,7 @@ from xl.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.attention import RelMultiHeadAttention
 from xl.documents import Documents, document_mask, needs_mask
 from xl.dropout import Dropout, ReLUDropout
-from xl.memory import update_memory
+from xl.memory import update_memory, update_memory_attached
 
 if TYPE_CHECKING:
     from xl.decoding import IncrementalDecoder
@@ -116,7 +116,7 @@ def check_context(mem_len: int, clamp_len: int, same_length: bool) -> None:
 @dataclass
 class XLOutput:
     logits: Tensor | None  # [B, L, vocab]; None when only the loss was asked for
-    mems: list[Tensor]  # n_layer tensors [B, mem_len', d_model], detached
+    mems: list[Tensor]  # n_layer tensors [B, mem_len', d_model], detached unless detach_memory=False
     loss: Tensor | None = None  # token mean over targets != ignore_index
     kv: list[tuple[Tensor, Tensor]] | None = None  # with cache_kv: the new memory's keys/values per layer
 
@@ -312,6 +312,7 @@ class TransformerXL(nn.Module):
         cache_kv: bool = False,
         kv: list[tuple[Tensor, Tensor]] | None = None,
         documents: Documents | None = None,
+        detach_memory: bool = True,
     ) -> XLOutput:
         """Run one segment.
 
@@ -328,6 +329,9 @@ class TransformerXL(nn.Module):
         token attends only to earlier tokens of its own document, in the memory and in the segment; the memory
         must hold the positions just before this segment in every row (as the returned ``mems`` do). None: every
         row is one text.
+
+        ``detach_memory=False`` returns the new memory still in the graph (:func:`xl.memory.update_memory_attached`):
+        the next segment's loss then back-propagates into this one (truncated BPTT over several segments).
         """
         cfg = self.config
         mem_len = cfg.mem_len if mem_len is None else mem_len
@@ -374,7 +378,7 @@ class TransformerXL(nn.Module):
             h, (k, v) = layer(h, mem, pos_emb, mask, mem_kv)
             if slice_kv:
                 new_kv.append((k[:, :, kept], v[:, :, kept]))
-        new_mems = update_memory(mems, layer_inputs, mem_len, mem_dtype)
+        new_mems = (update_memory if detach_memory else update_memory_attached)(mems, layer_inputs, mem_len, mem_dtype)
         if cache_kv and not slice_kv:
             new_kv = [layer.attn.project_memory(m) for layer, m in zip(self.layers, new_mems, strict=True)]
         states = self.drop(self.final_norm(h))
