@@ -165,7 +165,9 @@ class XLLitModule(L.LightningModule):
             # The streams restart at every epoch. Keyed on the batch index, not on epoch start, so that
             # a run resumed mid-epoch keeps the memory it restored from the checkpoint.
             self.memory.reset("train")
-        loss = self.segment_loss(batch, "train")
+        x, y, documents = split_batch(batch)
+        out = self.run_segment(x, "train", y, documents)
+        loss = out.loss
         # Nothing here waits for the device: a non-finite loss is handled where it lands, without a
         # host-side branch. Its memory would poison every later step, so non-finite entries are zeroed
         # (in place, on memory the step just allocated); its gradients are non-finite, so the optimizer
@@ -178,7 +180,12 @@ class XLLitModule(L.LightningModule):
         self.train_nll.update(torch.where(finite, loss_value, 0.0), weight=finite * batch[1].numel())
         self.log_dict({"train/loss": loss_value, f"train/{self.quality_name}": self.quality(loss_value)},
                       on_step=True, prog_bar=True, batch_size=batch[1].size(0))
-        return loss
+        if out.recon_loss is None:
+            return loss
+        # The compressor's own loss (Rae et al., 2019): no gradient of it reaches the main network, nor of the main
+        # loss the compressor (the compressed memory is detached), so one backward of the sum trains both.
+        self.log("train/recon_loss", out.recon_loss.detach(), on_step=True, batch_size=batch[1].size(0))
+        return loss + out.recon_loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Skip an update whose loss or gradients are not finite, deciding on the device (no host sync).
@@ -316,7 +323,8 @@ class XLLitModule(L.LightningModule):
         info: dict[str, Any] = {"model/params": sum(p.numel() for p in self.model.parameters())}
         if batch:
             cfg = self.config
-            info["memory/cache_mb"] = cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, batch, dtype).mib
+            info["memory/cache_mb"] = cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, batch, dtype,
+                                                      cfg.cmem_len).mib
         self.logger.log_hyperparams(info)
 
     def configure_optimizers(self) -> dict[str, Any]:
