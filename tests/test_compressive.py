@@ -264,3 +264,36 @@ def test_refused_combinations_are_one_sentence():
         model(tokens, documents=Documents.from_positions(torch.arange(4)[None]))
     with pytest.raises(ValueError, match="^one-token decoding does not keep a compressed memory; set cmem_len=0"):
         model.decoder(1)
+
+
+def test_training_resumes_both_memories_exactly_and_logs_the_reconstruction_loss(tmp_path, corpus):
+    """A fit stopped mid-epoch and resumed from its checkpoint gives the unbroken run's losses and weights: the
+    checkpoint carries ``compressed ∘ memory`` per layer, and the compressor's weights and optimizer state."""
+    from tests.test_resume import STEPS, STOP_AT, fit, resume_cfg
+
+    extra = ("memory=compressive", "memory.cmem_len=8")
+    whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole", *extra))
+    assert whole.module.model.compressor.learned
+    assert "train/recon_loss" in whole.trainer.callback_metrics
+    fit(resume_cfg(tmp_path, corpus, "first", *extra, f"trainer.max_steps={STOP_AT}"))
+    saved = torch.load(tmp_path / "first" / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["xl"]["train_memory"].shape == (1, 2, 4, 16 + 8, 32)  # both memories full by then
+    second, second_losses = fit(resume_cfg(tmp_path, corpus, "second", *extra,
+                                           f"ckpt_path={tmp_path / 'first' / 'run'}"))
+    assert sorted(second_losses) == list(range(STOP_AT + 1, STEPS + 1))
+    for step in second_losses:
+        assert second_losses[step] == whole_losses[step], f"step {step} differs after resume"
+    for (name, a), b in zip(whole.module.state_dict().items(), second.module.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_resume_with_another_compressed_memory_is_refused(tmp_path, corpus):
+    from tests.test_resume import fit, resume_cfg
+    from xl.build import build_run
+    from xl.checkpoint import CheckpointError
+
+    fit(resume_cfg(tmp_path, corpus, "first", "memory=compressive", "memory.cmem_len=8", "trainer.max_steps=3",
+                   "callbacks.model_checkpoint.every_n_train_steps=3"))
+    ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
+    with pytest.raises(CheckpointError, match=r"cmem_len=8 \(this run: 0\)"):
+        build_run(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={ckpt}"))
