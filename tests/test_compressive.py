@@ -297,3 +297,14 @@ def test_resume_with_another_compressed_memory_is_refused(tmp_path, corpus):
     ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
     with pytest.raises(CheckpointError, match=r"cmem_len=8 \(this run: 0\)"):
         build_run(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={ckpt}"))
+
+
+def test_the_lightning_module_refuses_what_the_compressed_memory_cannot_do():
+    from xl.lit import XLLitModule
+
+    model = {**TINY, "mem_len": 4, "cmem_len": 4, "cmem_rate": 2}
+    with pytest.raises(ValueError, match="same_length=True hides the compressed memory"):
+        XLLitModule(model, eval_same_length=True)
+    with pytest.raises(ValueError, match="set memory.doc_boundaries=ignore"):
+        XLLitModule(model, doc_boundaries="reset")
+    assert XLLitModule(model).model.compressor is not None

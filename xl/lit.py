@@ -26,7 +26,7 @@ from xl.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_st
 from xl.documents import MODES, Documents, split_batch
 from xl.footprint import cache_footprint
 from xl.memory import MemoryStore
-from xl.model import TransformerXL, XLConfig, XLOutput, check_context
+from xl.model import TransformerXL, XLConfig, XLOutput, check_compressive, check_context
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,12 @@ class XLLitModule(L.LightningModule):
         if doc_boundaries not in MODES:
             raise ValueError(f"memory.doc_boundaries must be reset or ignore, got {doc_boundaries!r}")
         self.doc_boundaries = doc_boundaries
+        if self.config.cmem_len:  # refused here, before a run, not by the first forward
+            check_compressive(self.config.cmem_len, self.config.cmem_rate, self.config.cmem_fn,
+                              self.eval_context["same_length"])
+            if doc_boundaries == "reset":
+                raise ValueError("document masks cannot hide a compressed slot's states (it summarises several); "
+                                 "set memory.doc_boundaries=ignore with memory.cmem_len > 0")
         if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context["mem_len"]):
             log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
                      "segment are hidden")
