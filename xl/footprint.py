@@ -2,8 +2,8 @@
 
 The cache is exact: one tensor per layer holds that layer's input for the last ``mem_len`` positions, so it is
 ``n_layer`` tensors of ``[batch, mem_len, d_model]`` (:func:`cache_footprint`); a compressive memory (Rae et al.,
-2019) adds ``cmem_len`` compressed slots of the same width per layer, ``[batch, mem_len + cmem_len, d_model]``. :func:`run_footprint` adds the
-rest of a training run, per device (each rank holds its own batch rows):
+2019) adds ``cmem_len`` compressed slots of the same width per layer, ``[batch, mem_len + cmem_len, d_model]``.
+:func:`run_footprint` adds the rest of a training run, per device (each rank holds its own batch rows):
 
 * evaluation memory: the same product at ``eval_mem_len`` and the evaluation batch, plus the projected keys and
   values that evaluation carries with it, ``2 × eval_mem_len × n_head × d_head × n_layer × eval batch``; the last

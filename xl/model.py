@@ -18,9 +18,9 @@ from torch import Tensor, nn
 
 from xl.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.attention import RelMultiHeadAttention
+from xl.compressive import COMPRESSION_FNS, Compressor, reconstruction_loss
 from xl.documents import Documents, document_mask, needs_mask
 from xl.dropout import Dropout, ReLUDropout
-from xl.compressive import COMPRESSION_FNS, Compressor, reconstruction_loss
 from xl.memory import evicted_states, update_compressive_memory, update_memory
 
 if TYPE_CHECKING:
