@@ -68,6 +68,12 @@ ROWS = {
     "evaluation same_length without evaluation memory": (
         ["memory.eval_mem_len=0", "memory.eval_same_length=true"], None, ConfigError, "memory.eval_mem_len is 0"),
     "bad cache dtype": (["memory.mem_dtype=int8"], None, ConfigError, "memory.mem_dtype must be one of"),
+    "compression rate that does not divide the segment": (
+        ["memory=compressive", "memory.cmem_rate=3"], None, ConfigError, "memory.cmem_rate=3 must divide data.tgt_len"),
+    "compressive memory with same_length": (["memory=compressive", "memory.eval_same_length=true"], None, ConfigError,
+                                            "would hide the compressed memory"),
+    "compressive memory with document masks": (["memory=compressive", "memory.doc_boundaries=reset"], None,
+                                               ConfigError, "set memory.doc_boundaries=ignore"),
     "cutoffs beyond the vocabulary": (["model.cutoffs=[100,300]"], None, ConfigError,
                                       "model.cutoffs must be strictly increasing"),
     "missing corpus": ([], (b"MISSING", None), DataError, "data.train"),
@@ -181,6 +187,7 @@ def test_a_misspelt_key_in_a_config_file_names_the_file(tmp_path):
 BAD_VALUES = {
     "memory.mem_len": -1, "memory.eval_mem_len": -2, "memory.clamp_len": 0, "memory.eval_clamp_len": -3,
     "memory.mem_dtype": "float8", "memory.doc_boundaries": "sometimes", "memory.grad_segments": 0,
+    "memory.cmem_len": -1, "memory.cmem_rate": 0, "memory.cmem_fn": "max",
     "optim.weight_decay": -0.1, "optim.eps": 0.0, "optim.betas": "[0.9,1.5]",
     "trainer.accelerator": "abacus", "trainer.devices": 0, "trainer.num_nodes": 0, "trainer.precision": "fp8",
     "trainer.max_steps": -2, "trainer.max_epochs": -5, "trainer.limit_train_batches": 1.5,
@@ -296,8 +303,8 @@ def train_main() -> None:
     (["memory.mem_lenn=3"], "error: memory.mem_lenn is not a setting; did you mean memory.mem_len?"),
     (["data=text"], "error: data.test, data.train, data.val have no value; set data.test=... data.train=... "
                     "data.val=... on the command line"),
-    (["memory=longest"], "error: memory=longest is not an option of the memory group; choose one of default, "
-                         "long, none, short"),
+    (["memory=longest"], "error: memory=longest is not an option of the memory group; choose one of compressive, "
+                         "default, long, none, short"),
     (["run_name=${nowhere}"], "error: run_name cannot be resolved (Interpolation key 'nowhere' not found)"),
 ])
 def test_train_command_reports_one_sentence(argv, sentence, tmp_path, monkeypatch, capsys):

@@ -57,6 +57,7 @@ MEMORY = {  # mem_len, eval_mem_len, clamp_len, eval_clamp_len, same_length, eva
     "short": (64, None, -1, None, False, None),
     "default": (128, None, -1, None, False, None),
     "long": (256, 1024, -1, None, False, True),
+    "compressive": (64, None, -1, None, False, None),
 }
 
 
@@ -66,6 +67,8 @@ def test_memory_options(option):
     values = (m.mem_len, m.eval_mem_len, m.clamp_len, m.eval_clamp_len, m.same_length, m.eval_same_length)
     assert values == MEMORY[option]
     assert m.mem_dtype == "float32"
+    # Only the compressive option keeps compressed slots: as many as its memory, the cache of memory=default.
+    assert (m.cmem_len, m.cmem_rate, m.cmem_fn) == ((64, 2, "conv") if option == "compressive" else (0, 3, "conv"))
     check_memory(m)
 
 
@@ -188,7 +191,7 @@ def names(schema: type) -> set[str]:
 
 
 def test_schema_mirrors_the_code_it_configures():
-    context = {"mem_len", "clamp_len", "same_length", "mem_dtype"}
+    context = {"mem_len", "clamp_len", "same_length", "mem_dtype", "cmem_len", "cmem_rate", "cmem_fn"}
     xl_fields = {f.name for f in dataclasses.fields(XLConfig)}
     assert names(ModelSchema) == xl_fields - context - {"vocab_size"}
     module_memory = {"doc_boundaries", "grad_segments"}  # memory settings of the Lightning module, not of the model

@@ -15,7 +15,7 @@ PAPER = [("enwik8_base", 256, 41e6), ("enwik8_large", 256, 277e6), ("text8_large
 
 
 def test_every_experiment_is_listed():
-    listed = {name for name, *_ in PAPER} | {"wt103_large"}
+    listed = {name for name, *_ in PAPER} | {"wt103_large", "enwik8_compressive"}
     assert {p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")} == listed
 
 
@@ -52,3 +52,20 @@ def test_wt103_large_has_the_size_its_published_hyperparameters_give():
     assert params / 257e6 - 1 == pytest.approx(0.10, abs=0.005)  # the gap the README documents
     base = XLConfig.from_dict(model_config(compose_config("experiment=wt103_base"), WT103_VOCAB))
     assert count_parameters(base) == closed_form_parameters(base)
+
+
+def test_enwik8_compressive_is_enwik8_large_with_the_papers_memories():
+    """Rae et al. (2019) report 277M parameters for enwik8: the main network's size; the learned compressor adds one
+    [d, d, rate] convolution and a bias per layer."""
+    cfg = compose_config("experiment=enwik8_compressive")
+    check_settings(cfg)
+    config = XLConfig.from_dict(model_config(cfg, 256))
+    memory = cfg.memory
+    assert (memory.mem_len, memory.cmem_len, memory.cmem_rate, memory.cmem_fn, cfg.data.tgt_len) == (
+        768, 768, 3, "conv", 768)
+    plain = XLConfig.from_dict(model_config(compose_config("experiment=enwik8_large"), 256))
+    main = count_parameters(plain)
+    assert abs(main - 277e6) / 277e6 < 0.03
+    compressor = config.n_layer * (config.cmem_rate * config.d_model**2 + config.d_model)
+    assert count_parameters(config) == main + compressor == main + 75_522_048
+

@@ -69,6 +69,28 @@ def test_memories_and_keys_values_are_what_the_model_holds(mem_dtype, precision)
     assert estimate.eval_memory == nbytes(out.mems) + keys_values
 
 
+def test_compressed_slots_are_counted_in_the_cache_and_the_command(capsys):
+    """(mem_len + cmem_len) × d_model × n_layer × batch × bytes: what a full compressive memory holds."""
+    config = XLConfig(vocab_size=50, mem_len=6, cmem_len=4, cmem_rate=2, **TINY)
+    model = TransformerXL(config).eval()
+    B, eval_mem_len = 3, 8
+    x = torch.randint(0, 50, (B, 4))
+    with torch.no_grad():
+        train = eval_ = None
+        for _ in range(6):  # enough segments to fill both memories, in both contexts
+            train = model(x, None if train is None else train.mems)
+            eval_ = model(x, None if eval_ is None else eval_.mems, mem_len=eval_mem_len, cache_kv=True,
+                          kv=None if eval_ is None else eval_.kv)
+    assert train.mems[0].size(1) == 6 + 4 and eval_.mems[0].size(1) == eval_mem_len + 4
+    keys_values = sum(t.numel() * t.element_size() for pair in eval_.kv for t in pair)
+    estimate = run_footprint(config, batch_size=B, tgt_len=4, eval_batch_size=B, eval_mem_len=eval_mem_len)
+    assert estimate.train_memory == nbytes(train.mems) == (6 + 4) * config.d_model * config.n_layer * B * 4
+    assert estimate.eval_memory == nbytes(eval_.mems) + keys_values
+    main(["--mem-len", "768", "--cmem-len", "768", "--d-model", "1024", "--n-layer", "24", "--dtype", "float32"])
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("768m+768c")]
+    assert "37,748,736" in row and " 144.0 " in row
+
+
 def test_parameters_count_weights_gradients_and_both_adamw_moments():
     config = XLConfig(vocab_size=50, **TINY)
     model = TransformerXL(config)

@@ -478,3 +478,9 @@ if __name__ == "__main__" and sys.argv[1:] == ["--write-reference"]:
     write_reference()
 elif __name__ == "__main__" and sys.argv[1:2] == ["--bench"]:
     bench(int(sys.argv[2]))
+
+
+def test_windows_with_a_compressed_memory_are_refused(tmp_path, corpus):
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), "memory=compressive", "memory.grad_segments=2")
+    with pytest.raises(ConfigError, match=r"set memory\.grad_segments=1 with memory\.cmem_len > 0"):
+        build_run(cfg)

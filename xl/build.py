@@ -28,6 +28,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.checkpoint import Checkpoint, CheckpointError, check_compatible
+from xl.compressive import COMPRESSION_FNS
 from xl.config import ConfigError
 from xl.data import DataError, make_tokenizer
 from xl.footprint import NAMES, PRECISION_BYTES, SETTINGS, GiB, RunFootprint, available_memory, run_footprint, verdict
@@ -81,6 +82,9 @@ RANGES: tuple[tuple[str, str, Callable[[Any], bool]], ...] = (
     ("memory.mem_dtype", f"one of {', '.join(sorted(MEM_DTYPES))}", lambda v: v in MEM_DTYPES),
     ("memory.doc_boundaries", "reset or ignore", lambda v: v in ("reset", "ignore")),
     ("memory.grad_segments", "an integer >= 1", _at_least(1)),
+    ("memory.cmem_len", "an integer >= 0", _at_least(0)),
+    ("memory.cmem_rate", "an integer >= 1", _at_least(1)),
+    ("memory.cmem_fn", f"one of {', '.join(COMPRESSION_FNS)}", lambda v: v in COMPRESSION_FNS),
     ("optim.weight_decay", "a number >= 0", lambda v: v >= 0),
     ("optim.eps", "a number > 0", lambda v: v > 0),
     ("optim.betas", "two numbers in [0, 1)", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)),
@@ -134,9 +138,29 @@ def check_memory(memory: DictConfig) -> None:
     if eval_same and eval_mem_len == 0:
         raise ConfigError("same_length in evaluation needs an evaluation memory, but memory.eval_mem_len is 0; "
                           "set memory.eval_mem_len > 0 or memory.eval_same_length=false")
+    if memory.cmem_len and eval_same:
+        raise ConfigError("same_length (in training or evaluation) would hide the compressed memory; "
+                          "set memory.same_length=false and memory.eval_same_length=false with memory.cmem_len > 0")
+    if memory.cmem_len and memory.doc_boundaries == "reset":
+        raise ConfigError("document masks cannot hide a compressed slot's states (it summarises several "
+                          "documents' states); set memory.doc_boundaries=ignore with memory.cmem_len > 0")
 
 
-GROUP_OF_FIELD = {"mem_len": "memory", "clamp_len": "memory", "same_length": "memory", "mem_dtype": "memory"}
+def check_compression_rate(cfg: DictConfig) -> None:
+    """Once the memory is full each segment evicts its length in states: a rate that divides it compresses them
+    in whole groups (a partial group would be padded, :mod:`xl.compressive`)."""
+    memory, data = cfg.memory, cfg.data
+    if not memory.cmem_len:
+        return
+    for key in ("tgt_len", "eval_tgt_len"):
+        length = data.get(key)
+        if length is not None and length % memory.cmem_rate:
+            raise ConfigError(f"memory.cmem_rate={memory.cmem_rate} must divide data.{key}={length} (each segment "
+                              f"evicts that many states, compressed in groups of cmem_rate); change either")
+
+
+GROUP_OF_FIELD = {"mem_len": "memory", "clamp_len": "memory", "same_length": "memory", "mem_dtype": "memory",
+                  "cmem_len": "memory", "cmem_rate": "memory", "cmem_fn": "memory"}
 
 
 def model_error(err: Exception) -> ConfigError:
@@ -195,6 +219,7 @@ def check_settings(cfg: DictConfig) -> None:
     check_added_keys(cfg)
     check_ranges(cfg)
     check_memory(cfg.memory)
+    check_compression_rate(cfg)
     xl_config(cfg)
     try:
         OptimConfig(**OmegaConf.to_container(cfg.optim, resolve=True))
@@ -293,6 +318,9 @@ def model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
         "clamp_len": cfg.memory.clamp_len,
         "same_length": cfg.memory.same_length,
         "mem_dtype": cfg.memory.mem_dtype,
+        "cmem_len": cfg.memory.cmem_len,
+        "cmem_rate": cfg.memory.cmem_rate,
+        "cmem_fn": cfg.memory.cmem_fn,
     }
 
 

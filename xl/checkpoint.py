@@ -112,7 +112,7 @@ class Checkpoint:
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], resuming: bool, path: Path) -> None:
     """Refuse a checkpoint whose weights do not fit the configured model, naming every mismatch."""
-    checked = SHAPE_FIELDS + (("mem_len",) if resuming else ())
+    checked = SHAPE_FIELDS + (("mem_len", "cmem_len", "cmem_rate", "cmem_fn") if resuming else ())
     saved = {**DEFAULTS, **saved}  # fields added later read as their defaults in older checkpoints
     diff = [f"{f}={saved.get(f)} (this run: {current.get(f)})" for f in checked if saved.get(f) != current.get(f)]
     if diff:

@@ -77,6 +77,11 @@ class MemorySchema:
     mem_dtype: str = XLConfig.mem_dtype  # float32 (never rounded), bfloat16 or float16 (half the bytes)
     doc_boundaries: str = "reset"  # reset: a token sees only its own document; ignore: one endless text per row
     grad_segments: int = 1  # k: gradients cross segments inside windows of k (1: Transformer-XL's stop-gradient)
+    # Compressive memory (Rae et al., 2019): states evicted from the memory are compressed cmem_rate to 1 into
+    # cmem_len more slots per layer, attended before the memory. 0: none.
+    cmem_len: int = XLConfig.cmem_len
+    cmem_rate: int = XLConfig.cmem_rate  # c: evicted states per compressed slot
+    cmem_fn: str = XLConfig.cmem_fn  # mean (pooling, no weights) | conv (learned, attention-reconstruction loss)
 
 
 @dataclass

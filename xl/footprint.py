@@ -1,15 +1,16 @@
 """What a run holds on its device: the memory cache, the evaluation memory, the weights, one step's activations.
 
 The cache is exact: one tensor per layer holds that layer's input for the last ``mem_len`` positions, so it is
-``n_layer`` tensors of ``[batch, mem_len, d_model]`` (:func:`cache_footprint`). :func:`run_footprint` adds the
-rest of a training run, per device (each rank holds its own batch rows):
+``n_layer`` tensors of ``[batch, mem_len, d_model]`` (:func:`cache_footprint`); a compressive memory (Rae et al.,
+2019) adds ``cmem_len`` compressed slots of the same width per layer, ``[batch, mem_len + cmem_len, d_model]``.
+:func:`run_footprint` adds the rest of a training run, per device (each rank holds its own batch rows):
 
 * evaluation memory: the same product at ``eval_mem_len`` and the evaluation batch, plus the projected keys and
   values that evaluation carries with it, ``2 × eval_mem_len × n_head × d_head × n_layer × eval batch``; the last
   validation's stays allocated while training goes on;
 * parameters, gradients and AdamW's two moments: four copies of the weights;
-* activations kept for the backward pass of one training step, with ``K = mem_len + tgt_len`` keys per query,
-  per layer: the attention probabilities and the position scores, ``2 × B × H × L × K`` (one more with
+* activations kept for the backward pass of one training step, with ``K = mem_len + cmem_len + tgt_len`` keys per
+  query, per layer: the attention probabilities and the position scores, ``2 × B × H × L × K`` (one more with
   attention dropout, its mask); keys and values over memory ∘ segment, ``2 × B × K × H × D``; content and
   position queries, ``2 × B × L × H × D``; the feed-forward hidden layer, ``2 × B × L × d_inner``; six
   ``B × L × d_model`` tensors (layer input, attention output, norms, residual sums). Once per step: one more
@@ -52,10 +53,11 @@ class CacheFootprint:
     n_layer: int
     batch_size: int
     dtype: torch.dtype
+    cmem_len: int = 0  # compressed slots per layer
 
     @property
     def elements(self) -> int:
-        return self.mem_len * self.d_model * self.n_layer * self.batch_size
+        return (self.mem_len + self.cmem_len) * self.d_model * self.n_layer * self.batch_size
 
     @property
     def bytes(self) -> int:
@@ -72,9 +74,9 @@ class CacheFootprint:
 
 
 def cache_footprint(
-    mem_len: int, d_model: int, n_layer: int, batch_size: int, dtype: torch.dtype = torch.float32
+    mem_len: int, d_model: int, n_layer: int, batch_size: int, dtype: torch.dtype = torch.float32, cmem_len: int = 0
 ) -> CacheFootprint:
-    return CacheFootprint(mem_len, d_model, n_layer, batch_size, dtype)
+    return CacheFootprint(mem_len, d_model, n_layer, batch_size, dtype, cmem_len)
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ NAMES = {"train_memory": "training memory", "eval_memory": "evaluation memory an
 def activation_elements(config: XLConfig, batch: int, tgt_len: int, mem_len: int) -> int:
     """Elements autograd keeps for one training step, plus the backward's transients (the module docstring)."""
     B, L, H, D, d = batch, tgt_len, config.n_head, config.d_head, config.d_model
-    K = mem_len + tgt_len
+    K = mem_len + config.cmem_len + tgt_len
     scores = B * H * L * K
     per_layer = ((3 if config.dropatt else 2) * scores + 2 * B * K * H * D + 2 * B * L * H * D
                  + 2 * B * L * config.d_inner + 6 * B * L * d)
@@ -131,9 +133,9 @@ def run_footprint(config: XLConfig, *, batch_size: int, tgt_len: int, eval_batch
     state_dtype = {8: torch.float64, 4: torch.float32, 2: torch.bfloat16}[weight_bytes]
     mem_dtype = config.memory_dtype(state_dtype)
     c = config
-    train = cache_footprint(c.mem_len, c.d_model, c.n_layer, batch_size, mem_dtype).bytes
-    eval_states = cache_footprint(eval_mem_len, c.d_model, c.n_layer, eval_batch_size, mem_dtype).bytes
-    eval_kv = 2 * eval_mem_len * c.n_head * c.d_head * c.n_layer * eval_batch_size * act_bytes
+    train = cache_footprint(c.mem_len, c.d_model, c.n_layer, batch_size, mem_dtype, c.cmem_len).bytes
+    eval_states = cache_footprint(eval_mem_len, c.d_model, c.n_layer, eval_batch_size, mem_dtype, c.cmem_len).bytes
+    eval_kv = 2 * (eval_mem_len + c.cmem_len) * c.n_head * c.d_head * c.n_layer * eval_batch_size * act_bytes
     return RunFootprint(
         train_memory=train,
         eval_memory=eval_states + eval_kv,
@@ -180,7 +182,8 @@ def format_table(rows: list[CacheFootprint], params: list[int | None] | None = N
         header += f" {'params':>12}"
     lines = [header, "-" * len(header)]
     for i, r in enumerate(rows):
-        name = f"{r.mem_len}m × {r.d_model}d × {r.n_layer}L × {r.batch_size}b {str(r.dtype).removeprefix('torch.')}"
+        slots = f"{r.mem_len}m+{r.cmem_len}c" if r.cmem_len else f"{r.mem_len}m"
+        name = f"{slots} × {r.d_model}d × {r.n_layer}L × {r.batch_size}b {str(r.dtype).removeprefix('torch.')}"
         line = f"{name:<32} {r.elements:>14,} {r.mib:>10.1f} {r.gib:>7.2f}"
         if params is not None:
             line += f" {params[i]:>12,}" if params[i] is not None else f" {'':>12}"
@@ -211,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", nargs="*", metavar="KEY=VALUE",
                         help="estimate the run of `python train.py KEY=VALUE ...` (the estimate train.py checks)")
     parser.add_argument("--mem-len", type=int)
+    parser.add_argument("--cmem-len", type=int, default=0, help="compressed memory slots per layer (Rae et al., 2019)")
     parser.add_argument("--d-model", type=int)
     parser.add_argument("--n-layer", type=int)
     parser.add_argument("--batch", type=int, default=1)
@@ -239,9 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     params: list[Any] | None = None
     if None not in (args.n_head, args.d_head, args.d_inner, args.vocab):
         cfg = XLConfig(vocab_size=args.vocab, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
-                       d_head=args.d_head, d_inner=args.d_inner, mem_len=args.mem_len)
+                       d_head=args.d_head, d_inner=args.d_inner, mem_len=args.mem_len, cmem_len=args.cmem_len)
         params = [count_parameters(cfg)] + [None] * (len(dtypes) - 1)
-    print(format_table([cache_footprint(*shape, args.batch, dtype) for dtype in dtypes], params))
+    print(format_table([cache_footprint(*shape, args.batch, dtype, args.cmem_len) for dtype in dtypes], params))
     if params is not None and args.tgt_len:
         from xl.lit import segment_activation_bytes
 

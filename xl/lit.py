@@ -36,7 +36,7 @@ from xl.documents import MODES, Documents, split_batch
 from xl.footprint import cache_footprint
 from xl.memory import MemoryStore
 from xl.metrics import UNITS, LMMetrics, quality, quality_name
-from xl.model import TransformerXL, XLConfig, XLOutput, check_context
+from xl.model import TransformerXL, XLConfig, XLOutput, check_compressive, check_context
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,15 @@ class XLLitModule(L.LightningModule):
         if doc_boundaries not in MODES:
             raise ValueError(f"memory.doc_boundaries must be reset or ignore, got {doc_boundaries!r}")
         self.doc_boundaries = doc_boundaries
+        if self.config.cmem_len:  # refused here, before a run, not by the first forward
+            check_compressive(self.config.cmem_len, self.config.cmem_rate, self.config.cmem_fn,
+                              self.eval_context["same_length"])
+            if doc_boundaries == "reset":
+                raise ValueError("document masks cannot hide a compressed slot's states (it summarises several); "
+                                 "set memory.doc_boundaries=ignore with memory.cmem_len > 0")
+            if grad_segments > 1:
+                raise ValueError("the compressed memory is always detached, so gradients cannot cross segments "
+                                 "through it; set memory.grad_segments=1 with memory.cmem_len > 0")
         if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context["mem_len"]):
             log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
                      "segment are hidden")
@@ -195,7 +204,9 @@ class XLLitModule(L.LightningModule):
             self.memory.reset("train")
         if self.grad_segments > 1:
             self._window_closes = self._segment_closes_window(batch_idx)
-        loss = self.segment_loss(batch, "train", detach_memory=self._window_closes)
+        x, y, documents = split_batch(batch)
+        out = self.run_segment(x, "train", y, documents, detach_memory=self._window_closes)
+        loss = out.loss
         # Nothing here waits for the device: a non-finite loss is handled where it lands, without a
         # host-side branch. Its memory would poison every later step, so non-finite entries are zeroed
         # (in place, on memory the step just allocated); its gradients are non-finite, so the optimizer
@@ -207,7 +218,12 @@ class XLLitModule(L.LightningModule):
         self._loss_nonfinite = self._loss_nonfinite | ~torch.isfinite(loss.detach())
         values = self.metrics.update("train", loss, batch[1])
         self.log_dict(values, on_step=True, prog_bar=True, batch_size=batch[1].size(0))
-        return loss
+        if out.recon_loss is None:
+            return loss
+        # The compressor's own loss (Rae et al., 2019): no gradient of it reaches the main network, nor of the main
+        # loss the compressor (the compressed memory is detached), so one backward of the sum trains both.
+        self.log("train/recon_loss", out.recon_loss.detach(), on_step=True, batch_size=batch[1].size(0))
+        return loss + out.recon_loss
 
     def _segment_closes_window(self, batch_idx: int) -> bool:
         """Whether this segment is the last of its window: the k-th, or the last before an optimizer step (the end
@@ -394,7 +410,8 @@ class XLLitModule(L.LightningModule):
         info: dict[str, Any] = {"model/params": sum(p.numel() for p in self.model.parameters())}
         if batch:
             cfg = self.config
-            info["memory/cache_mb"] = cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, batch, dtype).mib
+            info["memory/cache_mb"] = cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, batch, dtype,
+                                                      cfg.cmem_len).mib
         self.logger.log_hyperparams(info)
 
     def configure_optimizers(self) -> dict[str, Any]:

@@ -8,6 +8,12 @@ read-only context, so no gradient ever reaches it.
 - :func:`update_memory_attached` keeps the same positions but leaves them in the graph, so that a later
   segment's loss back-propagates into the segments that wrote them (truncated BPTT over several segments, as
   the Recurrent Memory Transformer trains its memory: Bulatov et al., 2022; ``memory.grad_segments``).
+- :func:`update_compressive_memory` is the rule of the compressive memory (Rae et al., 2019): the states that
+  leave the memory (:func:`evicted_states`) are compressed and appended to a second, compressed memory of
+  ``cmem_len`` slots, oldest dropped. A layer's memory tensor then holds ``compressed ∘ memory``, and
+  :func:`split_memory` tells the two apart from its length alone: the compressed part only grows once the memory
+  is full, so a memory longer than ``mem_len`` is ``mem_len`` states after ``length - mem_len`` compressed slots.
+  Everything that handles one tensor per layer (the store, checkpoints, cached keys/values) thus serves both.
 - :class:`MemoryStore` holds one memory per stage (train/val/test/predict), so that validation never touches the
   training memory. It checks rows, follows the model to whatever device and dtype it is moved to, and releases
   an evaluation stage's memory (and its cached keys/values) as soon as that evaluation ends.
@@ -50,6 +56,43 @@ def update_memory_attached(
         from_m = min(mem_len - from_h, m.size(1))
         dtype_ = dtype or m.dtype
         new.append(torch.cat([m[:, m.size(1) - from_m:].to(dtype_), h[:, h.size(1) - from_h:].to(dtype_)], dim=1))
+    return new
+
+
+def split_memory(mem: Tensor, mem_len: int, cmem_len: int) -> tuple[Tensor, Tensor]:
+    """``(compressed, memory)`` views of one layer's ``compressed ∘ memory`` tensor [B, C+M, d]."""
+    compressed = max(0, mem.size(1) - mem_len)
+    if compressed > cmem_len:
+        raise ValueError(f"a memory of {mem.size(1)} positions is longer than mem_len + cmem_len = "
+                         f"{mem_len} + {cmem_len}; reset the memory after changing either")
+    return mem[:, :compressed], mem[:, compressed:]
+
+
+def evicted_states(mem: Tensor, h: Tensor, mem_len: int, cmem_len: int) -> Tensor:
+    """The states of ``memory ∘ h`` (oldest first, detached) that the new memory of ``mem_len`` does not keep."""
+    memory = split_memory(mem, mem_len, cmem_len)[1]
+    leaving = memory.size(1) + h.size(1) - mem_len
+    if leaving <= 0:
+        return h.new_zeros(h.size(0), 0, h.size(2)).detach()
+    from_m = min(leaving, memory.size(1))
+    return torch.cat([memory[:, :from_m].to(h.dtype), h[:, :leaving - from_m]], dim=1).detach()
+
+
+def update_compressive_memory(
+    mems: list[Tensor], layer_inputs: list[Tensor], compressed: list[Tensor], mem_len: int, cmem_len: int,
+    dtype: torch.dtype | None = None,
+) -> list[Tensor]:
+    """New ``compressed ∘ memory`` per layer: the memory by :func:`update_memory`, the compressed memory the
+    newest ``cmem_len`` slots of ``old compressed ∘ compressed`` (``compressed``: the evicted states' compression),
+    cut from the graph."""
+    new = []
+    with torch.no_grad():
+        for m, h, c in zip(mems, layer_inputs, compressed, strict=True):
+            old_c, old_m = split_memory(m, mem_len, cmem_len)
+            dtype_ = dtype or m.dtype
+            slots = torch.cat([old_c.to(dtype_), c.to(dtype_)], dim=1)
+            memory = update_memory([old_m], [h], mem_len, dtype_)[0]
+            new.append(torch.cat([slots[:, max(0, slots.size(1) - cmem_len):], memory], dim=1).detach())
     return new
 
 

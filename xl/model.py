@@ -18,9 +18,10 @@ from torch import Tensor, nn
 
 from xl.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.attention import RelMultiHeadAttention
+from xl.compressive import COMPRESSION_FNS, Compressor, reconstruction_loss
 from xl.documents import Documents, document_mask, needs_mask
 from xl.dropout import Dropout, ReLUDropout
-from xl.memory import update_memory, update_memory_attached
+from xl.memory import evicted_states, update_compressive_memory, update_memory, update_memory_attached
 
 if TYPE_CHECKING:
     from xl.decoding import IncrementalDecoder
@@ -56,6 +57,12 @@ class XLConfig:
     # later segment). "bfloat16"/"float16" round the cached states, halving the cache. (bf16-true computes bf16
     # states.)
     mem_dtype: str = "float32"
+    # Compressive memory (Rae et al., 2019; :mod:`xl.compressive`): per layer, the states evicted from the memory
+    # are compressed cmem_rate to 1 (cmem_fn: mean pooling, or a learned convolution) into a second memory of
+    # cmem_len slots that sits before the memory. 0: no compressed memory (plain Transformer-XL).
+    cmem_len: int = 0
+    cmem_rate: int = 3
+    cmem_fn: str = "conv"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner"):
@@ -86,6 +93,7 @@ class XLConfig:
             )
         if self.mem_dtype not in MEM_DTYPES:
             raise ValueError(f"XLConfig.mem_dtype must be one of {sorted(MEM_DTYPES)}, got {self.mem_dtype!r}")
+        check_compressive(self.cmem_len, self.cmem_rate, self.cmem_fn, self.same_length)
 
     def memory_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
         """The dtype the cache is stored in when the layer states are ``compute_dtype``."""
@@ -113,12 +121,26 @@ def check_context(mem_len: int, clamp_len: int, same_length: bool) -> None:
         raise ValueError("same_length=True needs mem_len > 0: the attention window is mem_len keys wide")
 
 
+def check_compressive(cmem_len: int, cmem_rate: int, cmem_fn: str, same_length: bool) -> None:
+    """Validate the compressed memory's settings (also against an evaluation's same_length)."""
+    if not isinstance(cmem_len, int) or isinstance(cmem_len, bool) or cmem_len < 0:
+        raise ValueError(f"XLConfig.cmem_len must be an integer >= 0, got {cmem_len!r}")
+    if not isinstance(cmem_rate, int) or isinstance(cmem_rate, bool) or cmem_rate < 1:
+        raise ValueError(f"XLConfig.cmem_rate must be an integer >= 1, got {cmem_rate!r}")
+    if cmem_fn not in COMPRESSION_FNS:
+        raise ValueError(f"XLConfig.cmem_fn must be one of {', '.join(COMPRESSION_FNS)}, got {cmem_fn!r}")
+    if cmem_len and same_length:
+        raise ValueError("same_length=True hides the compressed memory (its window is mem_len keys wide); "
+                         "set same_length=false with XLConfig.cmem_len > 0")
+
+
 @dataclass
 class XLOutput:
     logits: Tensor | None  # [B, L, vocab]; None when only the loss was asked for
     mems: list[Tensor]  # n_layer tensors [B, mem_len', d_model], detached unless detach_memory=False
     loss: Tensor | None = None  # token mean over targets != ignore_index
     kv: list[tuple[Tensor, Tensor]] | None = None  # with cache_kv: the new memory's keys/values per layer
+    recon_loss: Tensor | None = None  # compressive memory with a learned compressor, under grad: its training loss
 
 
 def sinusoid(positions: Tensor, d_model: int) -> Tensor:
@@ -233,6 +255,9 @@ class TransformerXL(nn.Module):
             self.head.tie_to(self.embed, projections=config.tie_projs)
         elif config.tie_weights:
             self.head.weight = self.embed.weight
+        # Built after every other module, so that a seed gives the same main weights with or without it.
+        self.compressor = (Compressor(config.n_layer, config.d_model, config.cmem_rate, config.cmem_fn)
+                           if config.cmem_len else None)
         # Position tables and masks depend only on lengths: built once per shape, not per step.
         # Bounded: training and segment evaluation use a handful of shapes while the memory fills, but a
         # caller that varies the length every call (the vanilla baseline's growing window) must not keep them all.
@@ -269,6 +294,8 @@ class TransformerXL(nn.Module):
         from xl.decoding import IncrementalDecoder  # xl.decoding builds on this module
 
         cfg = self.config
+        if cfg.cmem_len:
+            raise ValueError("one-token decoding does not keep a compressed memory; set cmem_len=0 to decode")
         return IncrementalDecoder(self, batch_size, cfg.mem_len if window is None else window,
                                   cfg.clamp_len if clamp_len is None else clamp_len,
                                   cfg.same_length if same_length is None else same_length)
@@ -325,6 +352,11 @@ class TransformerXL(nn.Module):
         projects only its own positions instead of memory ∘ segment. Exact, since keys and values carry
         no position. ``kv=None`` with a non-empty memory projects the memory once.
 
+        With ``cmem_len`` > 0 (Rae et al., 2019; :mod:`xl.compressive`) each layer's memory is ``compressed ∘
+        memory`` (:func:`xl.memory.split_memory`), attended as one longer memory, and the returned one holds the
+        evicted states' compression too; ``recon_loss`` is the compressor's training loss when it has weights and
+        gradients are on. Document masks (``documents``) are refused with it: compressed slots mix documents.
+
         ``documents`` (:class:`xl.documents.Documents`, positions [B, L] of the inputs in their documents): each
         token attends only to earlier tokens of its own document, in the memory and in the segment; the memory
         must hold the positions just before this segment in every row (as the returned ``mems`` do). None: every
@@ -338,6 +370,11 @@ class TransformerXL(nn.Module):
         clamp_len = cfg.clamp_len if clamp_len is None else clamp_len
         same_length = cfg.same_length if same_length is None else same_length
         check_context(mem_len, clamp_len, same_length)
+        if cfg.cmem_len:
+            check_compressive(cfg.cmem_len, cfg.cmem_rate, cfg.cmem_fn, same_length)
+            if documents is not None:
+                raise ValueError("document masks cannot hide a compressed slot's states (it summarises several); "
+                                 "use doc_boundaries=ignore with cmem_len > 0")
         B, L = input_ids.shape
         if mems is None:
             mems = self.init_mems(B)
@@ -370,7 +407,7 @@ class TransformerXL(nn.Module):
         mem_dtype = cfg.memory_dtype(h.dtype)
         # A memory stored rounded (mem_dtype) must be seen by the next segment through keys/values of the rounded
         # states, as it would be without the cache: those are projected from the new memory, not sliced from here.
-        slice_kv = cache_kv and mem_dtype == h.dtype
+        slice_kv = cache_kv and mem_dtype == h.dtype and not cfg.cmem_len  # compressed slots are new states
         layer_inputs, new_kv = [], []
         kept = slice(M + L - min(mem_len, M + L), None)  # the positions the new memory keeps
         for layer, mem, mem_kv in zip(self.layers, mems, kv or [None] * cfg.n_layer, strict=True):
@@ -378,7 +415,17 @@ class TransformerXL(nn.Module):
             h, (k, v) = layer(h, mem, pos_emb, mask, mem_kv)
             if slice_kv:
                 new_kv.append((k[:, :, kept], v[:, :, kept]))
-        new_mems = (update_memory if detach_memory else update_memory_attached)(mems, layer_inputs, mem_len, mem_dtype)
+        recon_loss = None
+        if cfg.cmem_len:
+            evicted = [evicted_states(m, x, mem_len, cfg.cmem_len) for m, x in zip(mems, layer_inputs, strict=True)]
+            with torch.set_grad_enabled(torch.is_grad_enabled() and self.compressor.learned):
+                compressed = [self.compressor(i, e) for i, e in enumerate(evicted)]
+            if compressed[0].requires_grad and evicted[0].size(1):
+                recon_loss = reconstruction_loss(self.layers, layer_inputs, evicted, compressed)
+            new_mems = update_compressive_memory(mems, layer_inputs, compressed, mem_len, cfg.cmem_len, mem_dtype)
+        else:
+            update = update_memory if detach_memory else update_memory_attached
+            new_mems = update(mems, layer_inputs, mem_len, mem_dtype)
         if cache_kv and not slice_kv:
             new_kv = [layer.attn.project_memory(m) for layer, m in zip(self.layers, new_mems, strict=True)]
         states = self.drop(self.final_norm(h))
@@ -392,7 +439,8 @@ class TransformerXL(nn.Module):
             loss = None if targets is None else F.cross_entropy(
                 widen(logits).flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
             logits = logits if return_logits else None
-        return XLOutput(logits=logits, mems=new_mems, loss=loss, kv=new_kv if cache_kv else None)
+        return XLOutput(logits=logits, mems=new_mems, loss=loss, kv=new_kv if cache_kv else None,
+                        recon_loss=recon_loss)
 
 
 def count_parameters(config: XLConfig) -> int:

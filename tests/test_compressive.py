@@ -1,0 +1,310 @@
+"""Compressive memory (Rae et al., 2019), claim by claim, against references that keep the memories by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.reference import reference_attention
+from tests.test_model import TINY, make_model, run_segments
+from xl.compressive import Compressor, reconstruction_loss
+from xl.documents import Documents
+from xl.footprint import cache_footprint
+from xl.memory import MemoryStore, evicted_states, nbytes, split_memory, update_compressive_memory
+from xl.model import TransformerXL, XLConfig
+
+
+def compress_by_hand(model: TransformerXL, layer: int, group: torch.Tensor) -> torch.Tensor:
+    """One compressed slot from a [B, rate, d] group, from the definition (no conv1d, no pooling op)."""
+    comp = model.compressor
+    if comp.fn == "mean":
+        return sum(group[:, k] for k in range(group.size(1))) / group.size(1)
+    weight, bias = comp.weight[layer], comp.bias[layer]  # [out, in, rate], [out]
+    return bias + sum(group[:, k] @ weight[:, :, k].T for k in range(group.size(1)))
+
+
+@torch.no_grad()
+def reference_compressive_logits(model: TransformerXL, tokens: torch.Tensor, seg_len: int) -> torch.Tensor:
+    """Logits of a stream read segment by segment, from each layer's full history of inputs: the memory is its last
+    ``mem_len`` states, the compressed memory the last ``cmem_len`` groups of ``rate`` of the states before those
+    (the history's own grouping: segment and memory lengths are multiples of the rate), and each layer attends
+    naively over ``compressed ∘ memory ∘ segment``, distances counted in slots."""
+    cfg = model.config
+    rate = cfg.cmem_rate
+    history = [tokens.new_zeros(tokens.size(0), 0, cfg.d_model, dtype=model.anchor.dtype) for _ in model.layers]
+    logits = []
+    for start in range(0, tokens.size(1), seg_len):
+        h = model.embed(tokens[:, start:start + seg_len]) * model.emb_scale
+        for n, layer in enumerate(model.layers):
+            past = history[n]
+            cut = max(0, past.size(1) - cfg.mem_len)
+            old, mem = past[:, :cut], past[:, cut:]
+            assert cut % rate == 0
+            slots = [compress_by_hand(model, n, old[:, g * rate:(g + 1) * rate]) for g in range(cut // rate)]
+            slots = slots[max(0, len(slots) - cfg.cmem_len):]
+            cmem = torch.stack(slots, 1) if slots else mem[:, :0]
+            history[n] = torch.cat([past, h], 1)
+            h = layer.ff(reference_attention(layer.attn, h, torch.cat([cmem, mem], 1)))
+        logits.append(model.head(model.final_norm(h)))
+    return torch.cat(logits, 1)
+
+
+def perturb_compressor(model: TransformerXL, seed: int = 1) -> None:
+    """Move a conv compressor away from its mean-pooling start, so that the test sees its weights."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.compressor.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+
+
+@pytest.mark.parametrize("fn", ["mean", "conv"])
+@pytest.mark.parametrize("seg_len,mem_len,cmem_len,rate", [(4, 4, 3, 2), (2, 4, 2, 2), (4, 0, 3, 4), (6, 6, 3, 3)])
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+def test_segments_equal_the_reference_that_keeps_both_memories(fn, seg_len, mem_len, cmem_len, rate, pre_lnorm):
+    model = make_model(mem_len=mem_len, cmem_len=cmem_len, cmem_rate=rate, cmem_fn=fn, pre_lnorm=pre_lnorm)
+    if fn == "conv":
+        perturb_compressor(model)
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 6 * seg_len), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        fast, mems = run_segments(model, tokens, seg_len)
+    torch.testing.assert_close(fast, reference_compressive_logits(model, tokens, seg_len), rtol=1e-10, atol=1e-10)
+    # The stream is long enough to fill the compressed memory, and the memory tensor says how much of it there is.
+    assert mems[0].size(1) == mem_len + cmem_len
+
+
+def test_cmem_len_zero_is_the_plain_model_bit_for_bit():
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 25), generator=torch.Generator().manual_seed(0))
+    plain = make_model(mem_len=8)
+    other = make_model(mem_len=8, cmem_len=0, cmem_rate=5, cmem_fn="mean")
+    assert other.compressor is None and plain.state_dict().keys() == other.state_dict().keys()
+    for model in (plain, other):
+        model.train()
+    outs = []
+    for model in (plain, other):
+        torch.manual_seed(7)
+        mems, losses = None, []
+        for start in range(0, 24, 6):
+            out = model(tokens[:, start:start + 6], mems, tokens[:, start + 1:start + 7])
+            mems = out.mems
+            assert out.recon_loss is None
+            losses.append(out.loss)
+        torch.stack(losses).sum().backward()
+        outs.append((losses, mems, [p.grad for p in model.parameters()]))
+    for a, b in zip(*outs, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_same_seed_gives_the_same_main_weights_and_the_same_logits_until_a_state_is_evicted():
+    plain = make_model(mem_len=12)
+    comp = make_model(mem_len=12, cmem_len=4, cmem_rate=2)
+    main = {k: v for k, v in comp.state_dict().items() if not k.startswith("compressor.")}
+    assert main.keys() == plain.state_dict().keys()
+    assert all(torch.equal(v, plain.state_dict()[k]) for k, v in main.items())
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a, _ = run_segments(plain, tokens, 4)
+        b, _ = run_segments(comp, tokens, 4)
+    # The first eviction ends the fourth segment: until then there is no compressed slot.
+    assert torch.equal(a[:, :16], b[:, :16])
+    assert (a[:, 16:] - b[:, 16:]).abs().min() > 0  # then every query attends the compressed slots
+
+
+def test_mean_of_identical_states_and_the_padded_last_group():
+    comp = Compressor(n_layer=1, d_model=4, rate=3, fn="mean").double()
+    state = torch.randn(2, 1, 4, dtype=torch.float64)
+    assert torch.equal(comp(0, state.expand(2, 3, 4)), state)
+    states = torch.randn(2, 5, 4, dtype=torch.float64)  # one group of 3, then 2 states padded by the newest
+    out = comp(0, states)
+    torch.testing.assert_close(out[:, 0], states[:, :3].mean(1))
+    torch.testing.assert_close(out[:, 1], (states[:, 3] + 2 * states[:, 4]) / 3)
+    conv = Compressor(n_layer=2, d_model=4, rate=3, fn="conv").double()
+    torch.testing.assert_close(conv(1, states), out)  # starts as mean pooling
+    assert list(Compressor(1, 4, 3, "mean").parameters()) == []
+
+
+def test_compressed_memory_holds_the_evicted_states_compression_in_order():
+    mem_len, cmem_len, rate, seg = 6, 4, 2, 4
+    comp = Compressor(1, 3, rate, "mean").double()
+    mems = [torch.zeros(2, 0, 3, dtype=torch.float64)]
+    seen = []
+    for _ in range(7):
+        h = torch.randn(2, seg, 3, dtype=torch.float64)
+        evicted = evicted_states(mems[0], h, mem_len, cmem_len)
+        mems = update_compressive_memory(mems, [h], [comp(0, evicted)], mem_len, cmem_len)
+        seen.append(h)
+        history = torch.cat(seen, 1)
+        old, kept = history[:, :max(0, history.size(1) - mem_len)], history[:, -mem_len:]
+        groups = old.view(2, -1, rate, 3).mean(2)[:, -cmem_len:]
+        compressed, memory = split_memory(mems[0], mem_len, cmem_len)
+        assert torch.equal(memory, kept)
+        torch.testing.assert_close(compressed, groups, rtol=0, atol=1e-15)
+        assert not mems[0].requires_grad
+
+
+def test_split_memory_refuses_a_memory_longer_than_both():
+    with pytest.raises(ValueError, match="longer than mem_len \\+ cmem_len"):
+        split_memory(torch.zeros(1, 9, 2), 4, 4)
+
+
+def run_training_segments(model: TransformerXL, steps: int = 4) -> tuple:
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 4 * steps + 1), generator=torch.Generator().manual_seed(2))
+    mems = None
+    for s in range(steps):
+        out = model(tokens[:, 4 * s:4 * s + 4], mems, tokens[:, 4 * s + 1:4 * s + 5])
+        assert all(not m.requires_grad for m in out.mems)  # both memories are cut from the graph
+        mems = out.mems
+    return out, mems
+
+
+def test_reconstruction_loss_trains_only_the_compressor():
+    model = make_model(mem_len=4, cmem_len=4, cmem_rate=2, cmem_fn="conv").train()
+    out, _ = run_training_segments(model)
+    assert out.recon_loss is not None and out.recon_loss > 0
+    out.recon_loss.backward()
+    assert model.compressor.weight.grad.abs().sum() > 0 and model.compressor.bias.grad.abs().sum() > 0
+    main = [(n, p) for n, p in model.named_parameters() if not n.startswith("compressor.")]
+    assert all(p.grad is None for _, p in main), [n for n, p in main if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    out, _ = run_training_segments(model)
+    out.loss.backward()  # the main loss reaches no compressor weight: the compressed memory is detached
+    assert model.compressor.weight.grad is None and all(p.grad is not None for _, p in main)
+
+
+def content_attention_by_hand(attn, x: torch.Tensor, mem: torch.Tensor) -> torch.Tensor:
+    if attn.pre_lnorm:
+        x, mem = attn.layer_norm(x), attn.layer_norm(mem)
+    B, L, _ = x.shape
+    H, D = attn.n_head, attn.d_head
+    q = (attn.q_net(x).view(B, L, H, D) + attn.r_w_bias).transpose(1, 2)
+    k, v = attn.kv_net(mem).view(B, mem.size(1), 2, H, D).permute(2, 0, 3, 1, 4)
+    return torch.softmax(q @ k.transpose(-1, -2) / D**0.5, -1) @ v
+
+
+@pytest.mark.parametrize("pre_lnorm", [False, True])
+def test_reconstruction_loss_is_the_papers_attention_difference(pre_lnorm):
+    model = make_model(mem_len=4, cmem_len=4, cmem_rate=2, cmem_fn="conv", pre_lnorm=pre_lnorm)
+    perturb_compressor(model)
+    gen = torch.Generator().manual_seed(5)
+    inputs = [torch.randn(2, 3, 16, generator=gen, dtype=torch.float64) for _ in model.layers]
+    evicted = [torch.randn(2, 4, 16, generator=gen, dtype=torch.float64) for _ in model.layers]
+    compressed = [model.compressor(i, e) for i, e in enumerate(evicted)]
+    expected = sum((content_attention_by_hand(layer.attn, h, c) - content_attention_by_hand(layer.attn, h, e))
+                   .pow(2).mean() for layer, h, e, c in zip(model.layers, inputs, evicted, compressed, strict=True))
+    torch.testing.assert_close(reconstruction_loss(model.layers, inputs, evicted, compressed), expected)
+    # A compression that loses nothing (rate 1, identity) reconstructs the attention exactly.
+    exact = make_model(mem_len=4, cmem_len=4, cmem_rate=1, cmem_fn="conv", pre_lnorm=pre_lnorm)
+    same = [exact.compressor(i, e) for i, e in enumerate(evicted)]
+    assert reconstruction_loss(exact.layers, inputs, evicted, same) < 1e-28
+
+
+def test_mean_pooling_has_no_reconstruction_loss():
+    model = make_model(mem_len=4, cmem_len=4, cmem_rate=2, cmem_fn="mean").train()
+    out, _ = run_training_segments(model)
+    assert out.recon_loss is None and list(model.compressor.parameters()) == []
+
+
+def test_cached_keys_and_values_give_the_same_evaluation():
+    model = make_model(mem_len=4, cmem_len=4, cmem_rate=2, cmem_fn="conv")
+    perturb_compressor(model)
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 30), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        plain, _ = run_segments(model, tokens, 4)
+        mems, kv, cached = None, None, []
+        for start in range(0, 30, 4):
+            out = model(tokens[:, start:start + 4], mems, cache_kv=True, kv=kv)
+            mems, kv = out.mems, out.kv
+            cached.append(out.logits)
+    torch.testing.assert_close(torch.cat(cached, 1), plain, rtol=1e-12, atol=1e-12)  # the short last segment too
+
+
+def test_cache_bytes_are_memory_plus_compressed_slots():
+    model = make_model(dtype=torch.float32, mem_len=6, cmem_len=5, cmem_rate=2)
+    _, mems = run_training_segments(model.eval(), steps=8)
+    cfg = model.config
+    expected = (6 + 5) * cfg.d_model * cfg.n_layer * 2 * 4
+    assert nbytes(mems) == expected == cache_footprint(6, cfg.d_model, cfg.n_layer, 2, torch.float32, 5).bytes
+
+
+def test_store_pack_unpack_resumes_the_compressive_memory_exactly():
+    model = make_model(mem_len=4, cmem_len=4, cmem_rate=2)
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        whole, _ = run_segments(model, tokens, 4)
+        store = MemoryStore()
+        mems = None
+        for start in range(0, 20, 4):
+            mems = model(tokens[:, start:start + 4], mems).mems
+        store.write("train", mems)
+        packed = store.pack(lambda t: t, 1)
+        restored = MemoryStore()
+        restored.unpack(packed.clone(), 0)
+        mems = restored.mems["train"]
+        rest = []
+        for start in range(20, 40, 4):
+            out = model(tokens[:, start:start + 4], mems)
+            mems = out.mems
+            rest.append(out.logits)
+    assert torch.equal(torch.cat(rest, 1), whole[:, 20:])
+
+
+@pytest.mark.parametrize("field,value", [("cmem_len", -1), ("cmem_rate", 0), ("cmem_fn", "max")])
+def test_invalid_compressive_settings_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"XLConfig.{field} must be"):
+        XLConfig(**{**TINY, field: value})
+
+
+def test_refused_combinations_are_one_sentence():
+    with pytest.raises(ValueError, match="same_length=True hides the compressed memory"):
+        XLConfig(**TINY, mem_len=4, cmem_len=4, same_length=True)
+    model = make_model(mem_len=4, cmem_len=4, cmem_rate=2)
+    tokens = torch.zeros(1, 4, dtype=torch.long)
+    with torch.no_grad(), pytest.raises(ValueError, match="same_length=True hides the compressed memory"):
+        model(tokens, same_length=True)
+    with torch.no_grad(), pytest.raises(ValueError, match="use doc_boundaries=ignore with cmem_len > 0"):
+        model(tokens, documents=Documents.from_positions(torch.arange(4)[None]))
+    with pytest.raises(ValueError, match="^one-token decoding does not keep a compressed memory; set cmem_len=0"):
+        model.decoder(1)
+
+
+def test_training_resumes_both_memories_exactly_and_logs_the_reconstruction_loss(tmp_path, corpus):
+    """A fit stopped mid-epoch and resumed from its checkpoint gives the unbroken run's losses and weights: the
+    checkpoint carries ``compressed ∘ memory`` per layer, and the compressor's weights and optimizer state."""
+    from tests.test_resume import STEPS, STOP_AT, fit, resume_cfg
+
+    extra = ("memory=compressive", "memory.cmem_len=8")
+    whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole", *extra))
+    assert whole.module.model.compressor.learned
+    assert "train/recon_loss" in whole.trainer.callback_metrics
+    fit(resume_cfg(tmp_path, corpus, "first", *extra, f"trainer.max_steps={STOP_AT}"))
+    saved = torch.load(tmp_path / "first" / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["xl"]["train_memory"].shape == (1, 2, 4, 16 + 8, 32)  # both memories full by then
+    second, second_losses = fit(resume_cfg(tmp_path, corpus, "second", *extra,
+                                           f"ckpt_path={tmp_path / 'first' / 'run'}"))
+    assert sorted(second_losses) == list(range(STOP_AT + 1, STEPS + 1))
+    for step in second_losses:
+        assert second_losses[step] == whole_losses[step], f"step {step} differs after resume"
+    for (name, a), b in zip(whole.module.state_dict().items(), second.module.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_resume_with_another_compressed_memory_is_refused(tmp_path, corpus):
+    from tests.test_resume import fit, resume_cfg
+    from xl.build import build_run
+    from xl.checkpoint import CheckpointError
+
+    fit(resume_cfg(tmp_path, corpus, "first", "memory=compressive", "memory.cmem_len=8", "trainer.max_steps=3",
+                   "callbacks.model_checkpoint.every_n_train_steps=3"))
+    ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
+    with pytest.raises(CheckpointError, match=r"cmem_len=8 \(this run: 0\)"):
+        build_run(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={ckpt}"))
+
+
+def test_the_lightning_module_refuses_what_the_compressed_memory_cannot_do():
+    from xl.lit import XLLitModule
+
+    model = {**TINY, "mem_len": 4, "cmem_len": 4, "cmem_rate": 2}
+    with pytest.raises(ValueError, match="same_length=True hides the compressed memory"):
+        XLLitModule(model, eval_same_length=True)
+    with pytest.raises(ValueError, match="set memory.doc_boundaries=ignore"):
+        XLLitModule(model, doc_boundaries="reset")
+    assert XLLitModule(model).model.compressor is not None
