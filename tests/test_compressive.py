@@ -31,7 +31,7 @@ def reference_compressive_logits(model: TransformerXL, tokens: torch.Tensor, seg
     naively over ``compressed ∘ memory ∘ segment``, distances counted in slots."""
     cfg = model.config
     rate = cfg.cmem_rate
-    history = [tokens.new_zeros(tokens.size(0), 0, cfg.d_model, dtype=model.anchor.dtype) for _ in model.layers]
+    history = [tokens.new_zeros(tokens.size(0), 0, cfg.d_model, dtype=model.dtype) for _ in model.layers]
     logits = []
     for start in range(0, tokens.size(1), seg_len):
         h = model.embed(tokens[:, start:start + seg_len]) * model.emb_scale

@@ -183,7 +183,7 @@ def test_restored_memory_follows_the_module_wherever_it_is_moved(tmp_path, corpu
     run.trainer = instantiate(cfg.trainer, strategy=MovingStrategy(torch.device("cpu")), logger=False,
                               callbacks=[*build_callbacks(cfg, False), recorder])
     run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=run.ckpt_path, weights_only=True)
-    assert run.trainer.global_step == STOP_AT + 2 and run.module.model.anchor.dtype == torch.float64
+    assert run.trainer.global_step == STOP_AT + 2 and run.module.model.dtype == torch.float64
     assert [m.dtype for m in recorder.first_memory] == [torch.float64] * 2  # moved before the step reads it
     for m, s in zip(recorder.first_memory, saved, strict=True):
         assert torch.equal(m, s.double())

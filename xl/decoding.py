@@ -45,8 +45,8 @@ class IncrementalDecoder:
         self.clamp_len, self.same_length = clamp_len, same_length
         # Cached positions a new token attends to: same_length counts the token itself among the window.
         self.visible = window - 1 if same_length else window
-        cfg, p = model.config, model.anchor
-        pos_emb = relative_embeddings(window + 1, clamp_len, cfg.d_model, p.device).to(p.dtype)
+        cfg = model.config
+        pos_emb = relative_embeddings(window + 1, clamp_len, cfg.d_model, model.device).to(model.dtype)
         with torch.no_grad():
             # [H, D, window+1] per layer; a token with m visible keys uses the last m+1 columns (distances
             # m .. 0). Multiplied by the attention scale once here, so that no step scales its position scores.
@@ -56,8 +56,8 @@ class IncrementalDecoder:
         # visible ones, and only when a buffer is full are those moved back to the front (once every
         # `window` tokens or more).
         shape = (batch_size, cfg.n_head, 2 * window, cfg.d_head)
-        self.k_buf = [p.new_zeros(shape) for _ in range(cfg.n_layer)]
-        self.v_buf = [p.new_zeros(shape) for _ in range(cfg.n_layer)]
+        self.k_buf = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(cfg.n_layer)]
+        self.v_buf = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(cfg.n_layer)]
         self.start = self.end = 0  # the visible keys are buf[:, :, start:end]
         # Per row, the buffer index where its current document begins: keys before it are hidden (host-side, so a
         # step knows without a device read whether any row needs a mask).

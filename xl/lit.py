@@ -170,8 +170,8 @@ class XLLitModule(L.LightningModule):
         where the rows' documents begin, honoured with ``doc_boundaries=reset``. ``detach_memory=False`` keeps the
         new memory in the graph (inside a window of ``grad_segments``).
         """
-        anchor = self.model.anchor  # the memory follows the model to its device and storage dtype
-        mems, kv = self.memory.read(stage, x.size(0), anchor.device, self.config.memory_dtype(anchor.dtype),
+        model = self.model  # the memory follows the model to its device and storage dtype
+        mems, kv = self.memory.read(stage, x.size(0), model.device, self.config.memory_dtype(model.dtype),
                                     rank_zero_warn)
         context = {} if stage == "train" else self.eval_context
         if stage != "train" and not torch.is_grad_enabled():  # Lightning evaluates without gradients
@@ -406,7 +406,7 @@ class XLLitModule(L.LightningModule):
             return
         dm = self.trainer.datamodule
         batch = getattr(dm, "batch_size", None)
-        dtype = self.model.config.memory_dtype(self.model.anchor.dtype)
+        dtype = self.model.config.memory_dtype(self.model.dtype)
         info: dict[str, Any] = {"model/params": sum(p.numel() for p in self.model.parameters())}
         if batch:
             cfg = self.config

@@ -275,9 +275,9 @@ class TransformerXL(nn.Module):
 
     def init_mems(self, batch_size: int) -> list[Tensor]:
         """Empty memory: n_layer tensors [B, 0, d_model] in the cache's storage dtype."""
-        p = self.anchor
-        dtype = self.config.memory_dtype(p.dtype)
-        return [p.new_zeros(batch_size, 0, self.config.d_model, dtype=dtype) for _ in range(self.config.n_layer)]
+        dtype = self.config.memory_dtype(self.dtype)
+        return [torch.zeros(batch_size, 0, self.config.d_model, dtype=dtype, device=self.device)
+                for _ in range(self.config.n_layer)]
 
     def decoder(self, batch_size: int, window: int | None = None, *, clamp_len: int | None = None,
                 same_length: bool | None = None) -> IncrementalDecoder:
@@ -301,13 +301,18 @@ class TransformerXL(nn.Module):
                                   cfg.same_length if same_length is None else same_length)
 
     @property
-    def anchor(self) -> Tensor:
-        """A parameter whose device and dtype are the model's."""
-        return self.layers[0].attn.r_w_bias
+    def device(self) -> torch.device:
+        """Where the weights are (all on one device)."""
+        return self.layers[0].attn.r_w_bias.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype: that of the layer states outside autocast."""
+        return self.layers[0].attn.r_w_bias.dtype
 
     def _context(self, q_len: int, m_len: int, clamp_len: int, window: int | None) -> tuple[Tensor, Tensor]:
         """Relative position embeddings [M+L, d] (distances M+L-1 … 0) and the additive mask."""
-        device, dtype = self.anchor.device, self.anchor.dtype
+        device, dtype = self.device, self.dtype
         key = (q_len, m_len, clamp_len, window, device, dtype)
         if key in self._context_cache:
             self._context_cache.move_to_end(key)

@@ -81,7 +81,7 @@ def reference_logits(model: TransformerXL, tokens: Tensor, seg_len: int, mem_len
     """
     model.eval()
     n_layer = model.config.n_layer
-    history = [tokens.new_zeros(tokens.size(0), 0, model.config.d_model, dtype=model.anchor.dtype)
+    history = [tokens.new_zeros(tokens.size(0), 0, model.config.d_model, dtype=model.dtype)
                for _ in range(n_layer)]
     logits = []
     for start in range(0, tokens.size(1), seg_len):
