@@ -22,15 +22,21 @@ def position_embedding(distance: int, d_model: int, dtype: torch.dtype) -> Tenso
     return torch.tensor([math.sin(distance * f) for f in freqs] + [math.cos(distance * f) for f in freqs], dtype=dtype)
 
 
+def context_and_queries(attn: RelMultiHeadAttention, h: Tensor, mem: Tensor) -> tuple[Tensor, Tensor]:
+    """``memory ∘ segment`` (normed first with pre-LN) and the segment's queries [B, L, H, D]."""
+    M = mem.size(1)
+    cat = torch.cat([mem, h], 1)
+    if attn.pre_lnorm:
+        cat = attn.layer_norm(cat)
+    return cat, attn.q_net(cat[:, M:]).view(h.size(0), h.size(1), attn.n_head, attn.d_head)
+
+
 def naive_position_scores(attn: RelMultiHeadAttention, h: Tensor, mem: Tensor, clamp_len: int) -> Tensor:
     """(q_i + v) · W_r R_{dist(i, j)} for every query i and key j it may see; NaN where it may not."""
     B, L, d = h.shape
     M = mem.size(1)
     H, D = attn.n_head, attn.d_head
-    cat = torch.cat([mem, h], 1)
-    if attn.pre_lnorm:
-        cat = attn.layer_norm(cat)
-    q = attn.q_net(cat[:, M:]).view(B, L, H, D)
+    _, q = context_and_queries(attn, h, mem)
     out = torch.full((B, H, L, M + L), float("nan"), dtype=h.dtype)
     for i in range(L):
         for j in range(M + i + 1):
@@ -50,10 +56,7 @@ def reference_attention(
     B, L, d = h.shape
     M = mem.size(1)
     H, D = attn.n_head, attn.d_head
-    cat = torch.cat([mem, h], 1)
-    if attn.pre_lnorm:
-        cat = attn.layer_norm(cat)
-    q = attn.q_net(cat[:, M:]).view(B, L, H, D)
+    cat, q = context_and_queries(attn, h, mem)
     k, v = attn.kv_net(cat).view(B, M + L, 2, H, D).unbind(2)
     pos = naive_position_scores(attn, h, mem, clamp_len)
     out = torch.zeros(B, L, H, D, dtype=h.dtype)
