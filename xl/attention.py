@@ -137,7 +137,8 @@ class RelMultiHeadAttention(nn.Module):
     def forward(
         self, h: Tensor, mem: Tensor, pos_emb: Tensor, mask: Tensor, mem_kv: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """h: [B, L, d] layer input; mem: [B, M, d] cached layer inputs (already detached);
+        """h: [B, L, d] layer input; mem: [B, M, d] cached layer inputs (detached, or attached inside a window of
+        memory.grad_segments);
         pos_emb: [M+L, d] embeddings of distances M+L-1 .. 0; mask: additive (0 / -inf), [L, M+L] shared by
         every row, or [B, 1, L, M+L] per row (document boundaries, :mod:`xl.documents`), broadcast over heads;
         mem_kv: the memory's keys and values [B, H, M, D] if already projected (evaluation: the weights
@@ -152,8 +153,9 @@ class RelMultiHeadAttention(nn.Module):
         x = self.layer_norm(h) if self.pre_lnorm else h
         k, v = self._project_kv(x)
         if mem.size(1):
-            # Projected apart from the segment: the memory needs no input gradient (only the weights'),
-            # and in evaluation its keys/values may come already projected.
+            # Projected apart from the segment: a detached memory then costs no input gradient (an attached one,
+            # inside a window of memory.grad_segments, gets it through this projection), and in evaluation its
+            # keys/values may come already projected.
             k_mem, v_mem = self.project_memory(mem) if mem_kv is None else mem_kv
             k, v = torch.cat([k_mem, k], dim=2), torch.cat([v_mem, v], dim=2)
         K = k.size(2)

@@ -121,18 +121,24 @@ class JobSummary(L.Callback):
             write_json(self.path, {**self.describe(trainer, pl_module), **self.metrics})
 
     def describe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        """The run's context and cost; ``cache_mb`` is one rank's training memory (as ``python -m xl.memory``)."""
+        """The run's context and cost; ``cache_mb`` is one rank's training memory, compressed slots included (as
+        ``python -m xl.footprint`` counts it)."""
         cfg = pl_module.config
         datamodule = trainer.datamodule
         dtype = next(pl_module.parameters()).dtype
         return {
             "mem_len": cfg.mem_len,
             "eval_mem_len": pl_module.eval_context["mem_len"],
+            "cmem_len": cfg.cmem_len,
+            "cmem_rate": cfg.cmem_rate,
+            "grad_segments": pl_module.grad_segments,
+            "doc_boundaries": pl_module.doc_boundaries,
             "tgt_len": datamodule.tgt_len,
             "batch_size": datamodule.batch_size,
             "unit": pl_module.quality_name,
             "params": sum(p.numel() for p in pl_module.parameters()),
-            "cache_mb": cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, datamodule.batch_size, dtype).mib,
+            "cache_mb": cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, datamodule.batch_size, dtype,
+                                        cfg.cmem_len).mib,
             "steps": trainer.global_step,
             "train_tokens": self.train_tokens,
             "train_tok_s": self.train_tokens / self.train_seconds if self.train_seconds else None,

@@ -40,9 +40,10 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
 def columns(rows: list[dict[str, Any]]) -> list[str]:
     """The table's columns: context, metrics (whatever the unit), cost; unknown keys are left out."""
     unit = next((r["unit"] for r in rows if "unit" in r), "bpb")
-    wanted = ["job", "mem_len", "eval_mem_len", "val/loss", f"val/{unit}", "test/loss", f"test/{unit}",
+    wanted = ["job", "mem_len", "eval_mem_len", "cmem_len", "cmem_rate", "grad_segments", "doc_boundaries",
+              "val/loss", f"val/{unit}", "val/bpb", "test/loss", f"test/{unit}", "test/bpb",
               "train_tok_s", "cache_mb", "params", "wall_s", "status"]
-    return [c for c in wanted if any(c in r for r in rows)]
+    return list(dict.fromkeys(c for c in wanted if any(c in r for r in rows)))  # bpb once for byte data
 
 
 def format_value(column: str, value: Any) -> str:
