@@ -317,3 +317,20 @@ def test_prompts_round_trip_through_the_datamodule_tokenizer(tmp_path, corpus):
     prompt = "def main(self):\n    return 'ünïcödé 🙂'\r\n"
     ids = tok.encode(prompt)
     assert ids.dtype == np.int64 and ids.max() < tok.vocab_size and tok.decode(ids) == prompt
+
+
+def test_the_softmax_fits_the_vocabulary_unless_the_model_sets_its_clusters(tmp_path, corpus):
+    """model.cutoffs=null (the default): one softmax for a small or unranked vocabulary, adaptive beyond."""
+    from tests.conftest import compose_config, tiny_overrides
+    from xl.build import build_run, model_config
+    from xl.data.tokenizers import default_cutoffs
+
+    run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "data.tokenizer=bpe",
+                                   "+data.tokenizer_kwargs.vocab_size=320"))
+    assert run.module.config.cutoffs == () and default_cutoffs(320, True) == []
+    assert default_cutoffs(50257, True) == [8192] and default_cutoffs(267735, True) == [8192, 32768, 131072]
+    assert default_cutoffs(50257, False) == []  # byte/char ids are not ordered by frequency
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus))
+    assert model_config(cfg, 50257, [8192])["cutoffs"] == [8192]
+    cfg.model.cutoffs = [100]
+    assert model_config(cfg, 50257, [8192])["cutoffs"] == [100]

@@ -309,10 +309,14 @@ def check_fits(cfg: DictConfig, vocab_size: int | None = None, warn: bool = True
         log.warning("this run needs %s, close to the limit (python -m xl.footprint --run ... itemises it)", detail)
 
 
-def model_config(cfg: DictConfig, vocab_size: int) -> dict[str, Any]:
-    """XLConfig fields: the model group's shape, the memory group's context, the data's vocabulary."""
+def model_config(cfg: DictConfig, vocab_size: int, fitted_cutoffs: list[int] | None = None) -> dict[str, Any]:
+    """XLConfig fields: the model group's shape, the memory group's context, the data's vocabulary;
+    ``model.cutoffs=null`` takes ``fitted_cutoffs`` (the data's, :meth:`SegmentDataModule.default_cutoffs`)."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    if model.get("cutoffs") is None:
+        model["cutoffs"] = fitted_cutoffs or []
     return {
-        **OmegaConf.to_container(cfg.model, resolve=True),
+        **model,
         "vocab_size": vocab_size,
         "mem_len": cfg.memory.mem_len,
         "clamp_len": cfg.memory.clamp_len,
@@ -359,7 +363,7 @@ def build_datamodule(cfg: DictConfig) -> Any:
 def build_module(cfg: DictConfig, datamodule: Any) -> XLLitModule:
     try:
         module = XLLitModule(
-            model=model_config(cfg, datamodule.vocab_size),
+            model=model_config(cfg, datamodule.vocab_size, datamodule.default_cutoffs),
             optim=OmegaConf.to_container(cfg.optim, resolve=True),
             eval_mem_len=cfg.memory.eval_mem_len,
             eval_same_length=cfg.memory.eval_same_length,

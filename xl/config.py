@@ -59,7 +59,9 @@ class ModelSchema:
     dropatt: float = XLConfig.dropatt  # attention-probability dropout
     pre_lnorm: bool = XLConfig.pre_lnorm
     tie_weights: bool = XLConfig.tie_weights
-    cutoffs: list[int] = field(default_factory=list)  # adaptive input/softmax cluster boundaries; []: one softmax
+    # Adaptive input/softmax cluster boundaries; []: one softmax; null: fitted to the vocabulary (one softmax up to
+    # 32,768 ids or for byte/char data; above, a head of the 8,192 most frequent ids and clusters 4x wider)
+    cutoffs: list[int] | None = None
     div_val: int = XLConfig.div_val  # cluster i is d_model // div_val**i wide
     tie_projs: bool = XLConfig.tie_projs
 
@@ -420,7 +422,7 @@ def describe_error(err: BaseException) -> str:
         given_here = given.group(2) if given and given.group(1) == key else None
         got = "null" if "is not Optional" in text else value.group(1) if value else given_here
         item = re.fullmatch(r"(.+)\[(\d+)\]", key)
-        listed = re.search(r"reference_type=List\[(\w+)\]", text)
+        listed = re.search(r"reference_type=(?:Optional\[)?List\[(\w+)\]", text)
         if item and listed:  # one element of a typed list
             plural = {t.__name__: words[1] for t, words in TYPE_WORDS.items()}
             return (f"{item.group(1)} must be a list of {plural.get(listed.group(1), listed.group(1))}, "

@@ -19,6 +19,7 @@ from torch import Tensor
 from xl.build import ConfigError, build_datamodule
 from xl.checkpoint import Checkpoint
 from xl.config import entry_point
+from xl.data.sources import decode
 from xl.model import TransformerXL
 
 
@@ -88,7 +89,9 @@ def main(cfg: DictConfig) -> None:
     model = checkpoint.load_model(tokenizer.vocab_size)
     if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0 or cfg.max_new_tokens < 0:
         raise ConfigError("temperature must be >= 0, top_p in (0, 1], top_k and max_new_tokens >= 0")
-    warmup = Path(cfg.warmup).read_text() if cfg.warmup and Path(cfg.warmup).is_file() else (cfg.warmup or "")
+    # A file is read as the corpus sources read files (bytes kept exactly, \r\n included), so its tokens are those
+    # the model was trained on.
+    warmup = decode(Path(cfg.warmup).read_bytes()) if cfg.warmup and Path(cfg.warmup).is_file() else (cfg.warmup or "")
     text = warmup + cfg.prompt
     if not text:
         raise ConfigError("give a prompt (prompt=\"...\") or a warm-up text (warmup=PATH or text)")
