@@ -21,7 +21,8 @@ from tests.helpers.reference import reference_attention
 from xl import attention
 from xl.build import ConfigError, build_run
 from xl.config import compose
-from xl.lit import XLLitModule, segment_activation_bytes
+from xl.footprint import segment_activation_bytes
+from xl.lit import XLLitModule
 from xl.model import TransformerXL, XLConfig
 
 REFERENCE = Path(__file__).parent / "data" / "tbptt_k1_reference.json"

@@ -35,8 +35,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from xl.model import XLConfig, count_parameters
+from xl.model import TransformerXL, XLConfig, count_parameters
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -208,6 +209,30 @@ def print_run(overrides: list[str]) -> None:
     print(describe_run(footprint, *available_memory(cuda), processes))
 
 
+def segment_activation_bytes(config: XLConfig, batch_size: int, tgt_len: int) -> int:
+    """Bytes autograd saves for the backward of one training segment over a full memory (weights not counted),
+    measured by running it on the CPU. A window of ``memory.grad_segments`` k holds k of these until its backward
+    (k = 1: one, freed by each step's backward)."""
+    model = TransformerXL(config).train()
+    x = torch.zeros(batch_size, tgt_len, dtype=torch.long)
+    mems = None
+    with torch.no_grad():
+        for _ in range(-(-config.mem_len // tgt_len)):  # fill the memory
+            mems = model(x, mems).mems
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, mems, targets=x, return_logits=False)
+    return sum(storages.values())
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Memory-cache footprint of Transformer-XL (and parameter count), "
                                                  "or with --run the whole estimate of a training run.")
@@ -247,12 +272,10 @@ def main(argv: list[str] | None = None) -> None:
         params = [count_parameters(cfg)] + [None] * (len(dtypes) - 1)
     print(format_table([cache_footprint(*shape, args.batch, dtype, args.cmem_len) for dtype in dtypes], params))
     if params is not None and args.tgt_len:
-        from xl.lit import segment_activation_bytes
-
         per = segment_activation_bytes(cfg, args.batch, args.tgt_len) / MiB
         k = args.grad_segments
-        print(f"training activations: {per:.1f} MB per segment (float32); memory.grad_segments={k} keeps {k} "
-              f"segments' activations until the window's backward: {k * per:.1f} MB")
+        print(f"training activations: {per:.1f} MiB per segment (float32); memory.grad_segments={k} keeps {k} "
+              f"segments' activations until the window's backward: {k * per:.1f} MiB")
 
 
 if __name__ == "__main__":

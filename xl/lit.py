@@ -439,30 +439,6 @@ class XLLitModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def segment_activation_bytes(config: XLConfig, batch_size: int, tgt_len: int) -> int:
-    """Bytes autograd saves for the backward of one training segment over a full memory (weights not counted),
-    measured by running it on the CPU. A window of ``memory.grad_segments`` k holds k of these until its backward
-    (k = 1: one, freed by each step's backward)."""
-    model = TransformerXL(config).train()
-    x = torch.zeros(batch_size, tgt_len, dtype=torch.long)
-    mems = None
-    with torch.no_grad():
-        for _ in range(-(-config.mem_len // tgt_len)):  # fill the memory
-            mems = model(x, mems).mems
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages: dict[int, int] = {}
-
-    def pack(t: Tensor) -> Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in weights:
-            storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x, mems, targets=x, return_logits=False)
-    return sum(storages.values())
-
-
 def agree_across_ranks(flag: Tensor) -> Tensor:
     """``flag`` if any rank raised it: one all-reduce on the device, so the host does not wait."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
