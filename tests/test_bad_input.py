@@ -72,8 +72,6 @@ ROWS = {
         ["memory=compressive", "memory.cmem_rate=3"], None, ConfigError, "memory.cmem_rate=3 must divide data.tgt_len"),
     "compressive memory with same_length": (["memory=compressive", "memory.eval_same_length=true"], None, ConfigError,
                                             "would hide the compressed memory"),
-    "compressive memory with document masks": (["memory=compressive", "memory.doc_boundaries=reset"], None,
-                                               ConfigError, "set memory.doc_boundaries=ignore"),
     "cutoffs beyond the vocabulary": (["model.cutoffs=[100,300]"], None, ConfigError,
                                       "model.cutoffs must be strictly increasing"),
     "missing corpus": ([], (b"MISSING", None), DataError, "data.train"),

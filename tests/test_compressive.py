@@ -24,27 +24,29 @@ def compress_by_hand(model: TransformerXL, layer: int, group: torch.Tensor) -> t
 
 
 @torch.no_grad()
-def reference_compressive_logits(model: TransformerXL, tokens: torch.Tensor, seg_len: int) -> torch.Tensor:
-    """Logits of a stream read segment by segment, from each layer's full history of inputs: the memory is its last
-    ``mem_len`` states, the compressed memory the last ``cmem_len`` groups of ``rate`` of the states before those
-    (the history's own grouping: segment and memory lengths are multiples of the rate), and each layer attends
+def reference_compressive_logits(model: TransformerXL, tokens: torch.Tensor, seg_len: int | list[int]) -> torch.Tensor:
+    """Logits of a stream read segment by segment (``seg_len``: one length, or each segment's), from each layer's
+    full history of inputs: the states before the last ``mem_len`` are cut into whole groups of ``rate``, oldest
+    first; the compressed memory is the last ``cmem_len`` groups' compressions and the memory every state after
+    the groups (``mem_len`` of them, and up to ``rate - 1`` more that wait for their group). Each layer attends
     naively over ``compressed ∘ memory ∘ segment``, distances counted in slots."""
     cfg = model.config
     rate = cfg.cmem_rate
+    lengths = [seg_len] * -(-tokens.size(1) // seg_len) if isinstance(seg_len, int) else seg_len
     history = [tokens.new_zeros(tokens.size(0), 0, cfg.d_model, dtype=model.dtype) for _ in model.layers]
-    logits = []
-    for start in range(0, tokens.size(1), seg_len):
-        h = model.embed(tokens[:, start:start + seg_len]) * model.emb_scale
+    logits, start = [], 0
+    for length in lengths:
+        h = model.embed(tokens[:, start:start + length]) * model.emb_scale
+        start += length
         for n, layer in enumerate(model.layers):
             past = history[n]
-            cut = max(0, past.size(1) - cfg.mem_len)
-            old, mem = past[:, :cut], past[:, cut:]
-            assert cut % rate == 0
-            slots = [compress_by_hand(model, n, old[:, g * rate:(g + 1) * rate]) for g in range(cut // rate)]
+            groups = max(0, past.size(1) - cfg.mem_len) // rate
+            old, mem = past[:, :groups * rate], past[:, groups * rate:]
+            slots = [compress_by_hand(model, n, old[:, g * rate:(g + 1) * rate]) for g in range(groups)]
             slots = slots[max(0, len(slots) - cfg.cmem_len):]
             cmem = torch.stack(slots, 1) if slots else mem[:, :0]
             history[n] = torch.cat([past, h], 1)
-            h = layer.ff(reference_attention(layer.attn, h, torch.cat([cmem, mem], 1)))
+            h = layer.ff(reference_attention(layer.attn, h, torch.cat([cmem, mem], 1), cfg.clamp_len))
         logits.append(model.head(model.final_norm(h)))
     return torch.cat(logits, 1)
 
@@ -70,6 +72,134 @@ def test_segments_equal_the_reference_that_keeps_both_memories(fn, seg_len, mem_
     torch.testing.assert_close(fast, reference_compressive_logits(model, tokens, seg_len), rtol=1e-10, atol=1e-10)
     # The stream is long enough to fill the compressed memory, and the memory tensor says how much of it there is.
     assert mems[0].size(1) == mem_len + cmem_len
+
+
+# --- one-token decoding -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fn,rate,mem_len,cmem_len,prompt_len,pre_lnorm,clamp_len", [
+    ("conv", 2, 4, 3, 0, False, -1),  # no prompt: the decoder fills both memories by itself
+    ("conv", 3, 6, 2, 12, True, -1),  # a prompt that already fills the compressed memory
+    ("mean", 2, 4, 5, 4, False, 3),
+    ("conv", 4, 4, 1, 8, False, -1),  # one slot: each new slot replaces the last
+])
+def test_every_fed_token_equals_the_reference_that_compresses_whole_groups(fn, rate, mem_len, cmem_len, prompt_len,
+                                                                           pre_lnorm, clamp_len):
+    """The prompt by the forward (segments the rate divides), then one token at a time, far past both memories
+    (the buffers are moved to their front several times): each fed token's logits are the reference's, where
+    states leave the memory in whole groups and wait there until their group is complete."""
+    model = make_model(mem_len=mem_len, cmem_len=cmem_len, cmem_rate=rate, cmem_fn=fn, pre_lnorm=pre_lnorm,
+                       clamp_len=clamp_len)
+    if fn == "conv":
+        perturb_compressor(model)
+    fed_len = 6 * (mem_len + rate * cmem_len)
+    text = torch.randint(0, TINY["vocab_size"], (2, prompt_len + fed_len), generator=torch.Generator().manual_seed(5))
+    decoder = model.decoder(2)
+    got = [decoder.prefill(text[:, :prompt_len], rate)] if prompt_len else []
+    got += [decoder.feed(text[:, t]) for t in range(prompt_len, text.size(1))]
+    want = reference_compressive_logits(model, text, [rate] * (prompt_len // rate) + [1] * fed_len)
+    want = want[:, prompt_len - 1:] if prompt_len else want
+    torch.testing.assert_close(torch.stack(got, 1), want, rtol=1e-10, atol=1e-10)
+    assert decoder.slots == cmem_len
+
+
+# --- documents ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cache_kv", [False, True])
+@pytest.mark.parametrize("seg_len,mem_len,cmem_len,rate,fn", [(4, 4, 3, 2, "conv"), (4, 8, 2, 4, "mean")])
+def test_a_document_packed_mid_row_reads_as_if_alone_with_its_compressed_slots(seg_len, mem_len, cmem_len, rate, fn,
+                                                                               cache_kv):
+    """With the probe document starting on a group boundary, the packed reading sees exactly the slots of the probe's
+    own states: those of the document read alone from an empty memory (float64)."""
+    from tests.test_documents import PROBE, grid, packed_rows, read
+
+    model = make_model(mem_len=mem_len, cmem_len=cmem_len, cmem_rate=rate, cmem_fn=fn)
+    if fn == "conv":
+        perturb_compressor(model)
+    tokens, starts, probe, offsets = packed_rows(offsets=(4, 12))
+    packed = read(model, tokens, grid(40, seg_len), starts, cache_kv)
+    for r in (0, 1):
+        offset = offsets[r]
+        alone = read(model, probe[None], grid(PROBE, seg_len, seg_len - offset % seg_len))[0]
+        torch.testing.assert_close(packed[r, offset:offset + PROBE], alone, rtol=0, atol=1e-12)
+    torch.testing.assert_close(packed[2], read(model, tokens, grid(40, seg_len), None, cache_kv)[2], rtol=0, atol=1e-12)
+    # The probe's last tokens do attend over slots of its own: without a compressed memory they read otherwise.
+    plain = make_model(mem_len=mem_len)
+    alone_plain = read(plain, probe[None], grid(PROBE, seg_len, seg_len - offsets[0] % seg_len))[0]
+    assert (alone[-1] - alone_plain[-1]).abs().max() > 1e-6
+
+
+def test_a_slot_that_summarises_another_documents_states_is_hidden():
+    """Probes that do not start on a group boundary: the slot that mixes the previous document's states with the
+    probe's is hidden with the older ones, so the probe's logits do not depend on anything before it."""
+    from tests.test_documents import PROBE, grid, packed_rows, read
+
+    model = make_model(mem_len=4, cmem_len=3, cmem_rate=2)
+    perturb_compressor(model)
+    tokens, starts, probe, offsets = packed_rows(offsets=(3, 11))
+    other = tokens.clone()
+    for r, offset in enumerate(offsets[:2]):
+        other[r, :offset] = (other[r, :offset] + 1 + r) % TINY["vocab_size"]
+    a, b = (read(model, t, grid(40, 4), starts) for t in (tokens, other))
+    plain = read(model, tokens, grid(40, 4))
+    for r, offset in enumerate(offsets[:2]):
+        probe_logits = slice(offset, offset + PROBE)
+        torch.testing.assert_close(a[r, probe_logits], b[r, probe_logits], rtol=0, atol=1e-12)
+        assert (a[r, probe_logits] - plain[r, probe_logits]).abs().max() > 1e-6  # the masks do act
+
+
+@pytest.mark.parametrize("history_len", [8, 7])
+def test_decoder_reset_rows_hides_the_earlier_documents_slots(history_len):
+    """After ``reset_rows`` a row reads on without anything of its earlier text: with the reset on a group boundary
+    exactly as a decoder that starts there (its slots are the new document's), and in any case independently of
+    what came before. The other row keeps both its memories."""
+    model = make_model(mem_len=4, cmem_len=3, cmem_rate=2)
+    perturb_compressor(model)
+    g = torch.Generator().manual_seed(11)
+    history = torch.randint(0, TINY["vocab_size"], (2, history_len), generator=g)
+    text = torch.randint(0, TINY["vocab_size"], (2, 30), generator=g)
+    other_history = (history + 1) % TINY["vocab_size"]
+    decoders = [model.decoder(2) for _ in range(4)]  # reset, reset after another history, fresh, untouched
+    for t in range(history_len):
+        for decoder, h in zip(decoders, (history, other_history, None, history), strict=True):
+            if h is not None:
+                decoder.feed(h[:, t])
+    for decoder in decoders[:2]:
+        decoder.reset_rows(torch.tensor([True, False]))
+    for t in range(30):
+        got, other, fresh, kept = (decoder.feed(text[:, t]) for decoder in decoders)
+        torch.testing.assert_close(got[0], other[0], rtol=0, atol=1e-12)
+        torch.testing.assert_close(got[1], kept[1], rtol=0, atol=1e-12)
+        if history_len % 2 == 0:
+            torch.testing.assert_close(got[0], fresh[0], rtol=0, atol=1e-12)
+    assert decoders[0].slots == 3
+
+
+def test_a_fed_token_sees_the_compressed_slots_and_nothing_older():
+    """One layer, mean pooling: the last fed token's logits change with a token inside the oldest slot's group,
+    and not with the token just before that group (it left the compressed memory)."""
+    mem_len, cmem_len, rate = 4, 2, 3
+    model = make_model(n_layer=1, mem_len=mem_len, cmem_len=cmem_len, cmem_rate=rate, cmem_fn="mean")
+    text = torch.randint(0, TINY["vocab_size"], (1, 40), generator=torch.Generator().manual_seed(9))
+
+    def last_logits(text: torch.Tensor) -> torch.Tensor:
+        decoder = model.decoder(1)
+        return [decoder.feed(text[:, t]) for t in range(text.size(1))][-1]
+
+    # Before the last token: 39 states, the newest 4 plus those of an incomplete group in the memory, whole groups
+    # of 3 before them, of which the compressed memory keeps the newest 2.
+    history = text.size(1) - 1
+    groups = (history - mem_len) // rate
+    oldest_group = (groups - cmem_len) * rate  # index of the first token the compressed memory still summarises
+
+    def changed(index: int) -> torch.Tensor:
+        other = text.clone()
+        other[0, index] = (other[0, index] + 1) % TINY["vocab_size"]
+        return other
+
+    assert torch.equal(last_logits(changed(oldest_group - 1)), last_logits(text))
+    assert not torch.allclose(last_logits(changed(oldest_group)), last_logits(text), rtol=1e-6, atol=1e-6)
 
 
 def test_cmem_len_zero_is_the_plain_model_bit_for_bit():
@@ -260,20 +390,20 @@ def test_refused_combinations_are_one_sentence():
     tokens = torch.zeros(1, 4, dtype=torch.long)
     with torch.no_grad(), pytest.raises(ValueError, match="same_length=True hides the compressed memory"):
         model(tokens, same_length=True)
-    with torch.no_grad(), pytest.raises(ValueError, match="use doc_boundaries=ignore with cmem_len > 0"):
-        model(tokens, documents=Documents.from_positions(torch.arange(4)[None]))
-    with pytest.raises(ValueError, match="^one-token decoding does not keep a compressed memory; set cmem_len=0"):
-        model.decoder(1)
+    with pytest.raises(ValueError, match="same_length=True hides the compressed memory"):
+        model.decoder(1, same_length=True)
 
 
 def test_training_resumes_both_memories_exactly_and_logs_the_reconstruction_loss(tmp_path, corpus):
     """A fit stopped mid-epoch and resumed from its checkpoint gives the unbroken run's losses and weights: the
-    checkpoint carries ``compressed ∘ memory`` per layer, and the compressor's weights and optimizer state."""
+    checkpoint carries ``compressed ∘ memory`` per layer, and the compressor's weights and optimizer state. Every
+    line is a document, so the document masks hide slots in every segment."""
+    from tests.test_documents import SEP
     from tests.test_resume import STEPS, STOP_AT, fit, resume_cfg
 
-    extra = ("memory=compressive", "memory.cmem_len=8")
+    extra = ("memory=compressive", "memory.cmem_len=8", *SEP)
     whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole", *extra))
-    assert whole.module.model.compressor.learned
+    assert whole.module.model.compressor.learned and whole.module.doc_boundaries == "reset"
     assert "train/recon_loss" in whole.trainer.callback_metrics
     fit(resume_cfg(tmp_path, corpus, "first", *extra, f"trainer.max_steps={STOP_AT}"))
     saved = torch.load(tmp_path / "first" / "run" / "checkpoints" / "last.ckpt", weights_only=True)
@@ -299,12 +429,10 @@ def test_resume_with_another_compressed_memory_is_refused(tmp_path, corpus):
         build_run(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={ckpt}"))
 
 
-def test_the_lightning_module_refuses_what_the_compressed_memory_cannot_do():
+def test_the_lightning_module_refuses_same_length_with_a_compressed_memory():
     from xl.lit import XLLitModule
 
     model = {**TINY, "mem_len": 4, "cmem_len": 4, "cmem_rate": 2}
     with pytest.raises(ValueError, match="same_length=True hides the compressed memory"):
         XLLitModule(model, eval_same_length=True)
-    with pytest.raises(ValueError, match="set memory.doc_boundaries=ignore"):
-        XLLitModule(model, doc_boundaries="reset")
     assert XLLitModule(model).model.compressor is not None

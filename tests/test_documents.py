@@ -56,13 +56,14 @@ def grid(length: int, seg_len: int, first: int | None = None) -> list[int]:
     return sorted({0, *range(first, length, seg_len), length})
 
 
-def packed_rows(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+def packed_rows(seed: int = 0, offsets: tuple[int, int] = (3, 10)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                             list[int]]:
     """Three rows of 40 tokens: short documents (1-4 tokens: several begin in one segment), then the probe
-    document at a different offset in each row, then more; the third row is one document throughout (no
-    boundary: it must read as without documents). Returns tokens, starts, the probe and its offsets."""
+    document at a different offset in each row (``offsets``), then more; the third row is one document throughout
+    (no boundary: it must read as without documents). Returns tokens, starts, the probe and its offsets."""
     g = torch.Generator().manual_seed(seed)
     probe = torch.randint(0, 32, (PROBE,), generator=g)
-    rows, starts, offsets = [], [], [3, 10, 0]
+    rows, starts, offsets = [], [], [*offsets, 0]
     for r, offset in enumerate(offsets):
         row = torch.randint(0, 32, (40,), generator=g)
         flags = torch.zeros(40, dtype=torch.bool)

@@ -135,3 +135,23 @@ def test_generate_command_without_a_recorded_segment_length_uses_seg_len(no_memo
 def test_generate_command_refuses_an_explicit_zero_memory(no_memory_ckpt, corpus, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit, match="error: incremental decoding needs a memory: set mem_len"):
         generate_in_process(no_memory_ckpt, corpus, tmp_path, monkeypatch, capsys, "mem_len=0")
+
+
+def test_generate_command_on_a_compressive_checkpoint(tmp_path, corpus, monkeypatch, capsys):
+    """A checkpoint with a compressed memory decodes: 60 samples after a 9-byte prompt push states out of a
+    16-position window, and the decoder compresses them as it goes, past its 8 slots."""
+    run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "memory=compressive", "memory.mem_len=16",
+                                   "memory.cmem_len=8", "memory.cmem_rate=4", "trainer.max_steps=2"))
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    decoders, make_decoder = [], TransformerXL.decoder
+
+    def decoder(self, *args, **context):
+        decoders.append(make_decoder(self, *args, **context))
+        return decoders[-1]
+
+    monkeypatch.setattr(TransformerXL, "decoder", decoder)
+    out, err, _ = generate_in_process(ckpt, corpus, tmp_path, monkeypatch, capsys)
+    assert "decoding with mem_len=16 (the checkpoint's mem_len)" in err
+    assert (9 + 60 - 16) // 4 == 13 and decoders[0].slots == 8  # 13 groups left the window; the newest 8 are kept
+    assert out == expected_text(ckpt, 16) + "\n"

@@ -141,9 +141,6 @@ def check_memory(memory: DictConfig) -> None:
     if memory.cmem_len and eval_same:
         raise ConfigError("same_length (in training or evaluation) would hide the compressed memory; "
                           "set memory.same_length=false and memory.eval_same_length=false with memory.cmem_len > 0")
-    if memory.cmem_len and memory.doc_boundaries == "reset":
-        raise ConfigError("document masks cannot hide a compressed slot's states (it summarises several "
-                          "documents' states); set memory.doc_boundaries=ignore with memory.cmem_len > 0")
 
 
 def check_compression_rate(cfg: DictConfig) -> None:

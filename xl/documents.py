@@ -81,18 +81,34 @@ def stream_positions(doc_starts: np.ndarray | None, flat: np.ndarray) -> np.ndar
     return flat - np.where(latest >= 0, doc_starts[np.maximum(latest, 0)], 0)
 
 
-def document_mask(mask: Tensor, pos: Tensor, m_len: int) -> Tensor:
-    """The additive mask [B, 1, L, M+L] (broadcast over heads): ``mask`` [L, M+L] with every key that lies before
-    its query's document start also hidden. A query always keeps itself (its document begins at or before it)."""
-    q_len, k_len = mask.shape
-    first = torch.arange(m_len, m_len + q_len, device=pos.device) - pos  # key index of each query's document start
-    hidden = torch.arange(k_len, device=pos.device) < first[..., None]  # [B, L, K]
+def key_offsets(m_len: int, q_len: int, device: torch.device, compressed: int = 0, rate: int = 1) -> Tensor:
+    """Per key of the [memory ∘ segment] context (``m_len`` memory keys, the first ``compressed`` of them
+    compressed slots), the offset from the segment's first token of the oldest position it holds: -m_len … -1
+    for a memory of single states, 0 … L-1 for the segment. The k-th compressed slot from the newest (k = 1 … C)
+    stands for ``rate`` positions and is taken to begin k·rate positions before the first memory state: exact when
+    every slot summarises ``rate`` states (segments and memory lengths that the rate divides), and otherwise
+    earlier than its true start (a padded group, :mod:`xl.compressive`), so that it is hidden sooner, never later."""
+    offsets = torch.arange(-m_len, q_len, device=device)
+    if compressed:
+        states = m_len - compressed  # single states between the slots and the segment
+        offsets[:compressed] = -states - rate * torch.arange(compressed, 0, -1, device=device)
+    return offsets
+
+
+def document_mask(mask: Tensor, pos: Tensor, m_len: int, compressed: int = 0, rate: int = 1) -> Tensor:
+    """The additive mask [B, 1, L, M+L] (broadcast over heads): ``mask`` [L, M+L] with every key that begins
+    before its query's document start also hidden (:func:`key_offsets`: a compressed slot is seen only if all it
+    summarises lies in the query's document). A query always keeps itself (its document begins at or before it)."""
+    q_len = mask.size(0)
+    first = torch.arange(q_len, device=pos.device) - pos  # offset of each query's document start, [B, L]
+    hidden = key_offsets(m_len, q_len, pos.device, compressed, rate) < first[..., None]  # [B, L, K]
     return torch.where(hidden, float("-inf"), mask)[:, None]
 
 
-def needs_mask(documents: Documents | None, m_len: int) -> bool:
-    """Whether any key of the [memory ∘ segment] context lies in another document than some query's."""
-    return documents is not None and m_len + documents.latest_start > 0
+def needs_mask(documents: Documents | None, reach: int) -> bool:
+    """Whether any key of a context that reaches ``reach`` positions before the segment (the memory's length; a
+    compressed slot counts its rate) lies in another document than some query's."""
+    return documents is not None and reach + documents.latest_start > 0
 
 
 class DocumentStats:

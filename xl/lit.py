@@ -138,9 +138,6 @@ class XLLitModule(L.LightningModule):
         if self.config.cmem_len:  # refused here, before a run, not by the first forward
             check_compressive(self.config.cmem_len, self.config.cmem_rate, self.config.cmem_fn,
                               self.eval_context["same_length"])
-            if doc_boundaries == "reset":
-                raise ValueError("document masks cannot hide a compressed slot's states (it summarises several); "
-                                 "set memory.doc_boundaries=ignore with memory.cmem_len > 0")
             if grad_segments > 1:
                 raise ValueError("the compressed memory is always detached, so gradients cannot cross segments "
                                  "through it; set memory.grad_segments=1 with memory.cmem_len > 0")

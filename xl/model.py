@@ -21,7 +21,7 @@ from xl.attention import RelMultiHeadAttention
 from xl.compressive import COMPRESSION_FNS, Compressor, reconstruction_loss
 from xl.documents import Documents, document_mask, needs_mask
 from xl.dropout import Dropout, ReLUDropout
-from xl.memory import evicted_states, update_compressive_memory, update_memory, update_memory_attached
+from xl.memory import evicted_states, split_memory, update_compressive_memory, update_memory, update_memory_attached
 
 if TYPE_CHECKING:
     from xl.decoding import IncrementalDecoder
@@ -289,13 +289,13 @@ class TransformerXL(nn.Module):
         this forward of that one token over the memory carried from the previous call, with
         ``mem_len=window`` and this ``clamp_len``/``same_length``. Each new token attends over the last
         ``window`` positions and itself (with ``same_length``: ``window`` keys, itself included). None: the
-        config's value. The model is put in evaluation mode; build a new decoder after changing the weights.
+        config's value. With a compressed memory the new token also attends over the compressed slots, which the
+        decoder fills as states leave the window (:mod:`xl.decoding` says how). The model is put in evaluation
+        mode; build a new decoder after changing the weights.
         """
         from xl.decoding import IncrementalDecoder  # xl.decoding builds on this module
 
         cfg = self.config
-        if cfg.cmem_len:
-            raise ValueError("one-token decoding does not keep a compressed memory; set cmem_len=0 to decode")
         return IncrementalDecoder(self, batch_size, cfg.mem_len if window is None else window,
                                   cfg.clamp_len if clamp_len is None else clamp_len,
                                   cfg.same_length if same_length is None else same_length)
@@ -360,7 +360,8 @@ class TransformerXL(nn.Module):
         With ``cmem_len`` > 0 (Rae et al., 2019; :mod:`xl.compressive`) each layer's memory is ``compressed ∘
         memory`` (:func:`xl.memory.split_memory`), attended as one longer memory, and the returned one holds the
         evicted states' compression too; ``recon_loss`` is the compressor's training loss when it has weights and
-        gradients are on. Document masks (``documents``) are refused with it: compressed slots mix documents.
+        gradients are on. With ``documents`` a query sees a compressed slot only if all the slot summarises lies in
+        its document (:func:`xl.documents.key_offsets`).
 
         ``documents`` (:class:`xl.documents.Documents`, positions [B, L] of the inputs in their documents): each
         token attends only to earlier tokens of its own document, in the memory and in the segment; the memory
@@ -377,9 +378,6 @@ class TransformerXL(nn.Module):
         check_context(mem_len, clamp_len, same_length)
         if cfg.cmem_len:
             check_compressive(cfg.cmem_len, cfg.cmem_rate, cfg.cmem_fn, same_length)
-            if documents is not None:
-                raise ValueError("document masks cannot hide a compressed slot's states (it summarises several); "
-                                 "use doc_boundaries=ignore with cmem_len > 0")
         B, L = input_ids.shape
         if mems is None:
             mems = self.init_mems(B)
@@ -404,8 +402,9 @@ class TransformerXL(nn.Module):
         if documents is not None and documents.pos.shape != (B, L):
             raise ValueError(f"documents.pos must be [B, L] = [{B}, {L}] like the inputs, "
                              f"got {tuple(documents.pos.shape)}")
-        if needs_mask(documents, M):
-            mask = document_mask(mask, documents.pos, M)
+        slots = split_memory(mems[0], mem_len, cfg.cmem_len)[0].size(1) if cfg.cmem_len else 0
+        if needs_mask(documents, M + slots * (cfg.cmem_rate - 1)):
+            mask = document_mask(mask, documents.pos, M, slots, cfg.cmem_rate)
         pos_emb = self.drop(pos_emb)
 
         h = self.drop(self.embed(input_ids) * self.emb_scale)
