@@ -26,10 +26,12 @@ class Batches(L.Callback):
         self.batches.append((batch[0].clone(), batch[1].clone()))
 
 
-def test_training_is_the_lightning_step(tmp_path, corpus):
-    """The same weights, segments and settings: after STEPS steps the runner's weights are Lightning's."""
+@pytest.mark.parametrize("memory", [(), ("memory=compressive", "memory.cmem_len=8")])
+def test_training_is_the_lightning_step(tmp_path, corpus, memory):
+    """The same weights, segments and settings: after STEPS steps the runner's weights are Lightning's (with a
+    compressive memory, the compressor's too: both add its reconstruction loss)."""
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), f"trainer.max_steps={STEPS}", "model.dropout=0.1",
-                         "optim.warmup_steps=0", "optim.min_lr_ratio=1.0")  # a constant learning rate
+                         "optim.warmup_steps=0", "optim.min_lr_ratio=1.0", *memory)  # a constant learning rate
     run = build_run(cfg)
     model = copy.deepcopy(run.module.model)
     initial = copy.deepcopy(model.state_dict())

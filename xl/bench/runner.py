@@ -2,7 +2,8 @@
 
 A [B, T] token stream is fed segment by segment through a :class:`~xl.model.TransformerXL`, the memory carried
 from each segment to the next, as training and evaluation read the data. Training runs the step that
-:class:`xl.lit.XLLitModule` runs under Lightning: forward (under autocast for the mixed precisions), backward,
+:class:`xl.lit.XLLitModule` runs under Lightning: forward (under autocast for the mixed precisions), backward
+(of the loss plus a compressive memory's reconstruction loss),
 gradient clipping by norm, AdamW, gradients set to None. The optimizer is fused, except under float16 autocast,
 where a GradScaler scales the loss and must unscale the gradients before they are clipped: there, as in the
 Lightning module, the foreach AdamW runs and the scaler skips overflowing steps. (The module's guards against
@@ -102,7 +103,7 @@ class SegmentRunner:
         else:
             with precision:
                 out = self.forward(x, y)
-            self.update(out.loss)
+            self.update(out.loss if out.recon_loss is None else out.loss + out.recon_loss)  # as the module trains
         self.mems, self.kv = out.mems, out.kv
         return out
 
