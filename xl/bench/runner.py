@@ -2,9 +2,9 @@
 
 A [B, T] token stream is fed segment by segment through a :class:`~xl.model.TransformerXL`, the memory carried
 from each segment to the next, as training and evaluation read the data. Training runs the step that
-:class:`xl.lit.XLLitModule` runs under Lightning: forward (under autocast for the mixed precisions), backward
-(of the loss plus a compressive memory's reconstruction loss),
-gradient clipping by norm, AdamW, gradients set to None. The optimizer is fused, except under float16 autocast,
+:class:`xl.lit.XLLitModule` runs under Lightning: forward (under autocast for the mixed precisions), backward (of
+the loss plus a compressive memory's reconstruction loss), gradient clipping by norm, AdamW, gradients set to
+None. The optimizer is fused, except under float16 autocast,
 where a GradScaler scales the loss and must unscale the gradients before they are clipped: there, as in the
 Lightning module, the foreach AdamW runs and the scaler skips overflowing steps. (The module's guards against
 non-finite steps are left out: on finite steps they change nothing.) A test checks that the weights come out
