@@ -22,7 +22,7 @@ def test_refuses_without_cuda_in_one_sentence(monkeypatch, capsys):
 def test_the_gpu_plan_runs_every_check_in_full():
     names = [name for name, _ in checks(PLANS["cuda"])]
     assert names == ["precision bf16-mixed", "precision 16-mixed", "precision 32-true", "resume", "eval memory",
-                     "decoding", "throughput S", "throughput enwik8_base"]
+                     "decoding", "compressive memory", "throughput S", "throughput enwik8_base"]
     assert PLANS["cuda"].run_precision == "bf16-mixed" and PLANS["cuda"].bench_precision == "bf16-mixed"
 
 
@@ -33,7 +33,7 @@ def test_dry_run_passes_every_check_it_can_run_on_cpu(capsys):
     assert len(lines) == len(checks(PLANS["cpu"])), out
     failed = [line for line in lines if not line.startswith(("PASS", "SKIP  precision 16-mixed"))]
     assert not failed, "\n".join(failed)
-    assert status == 0 and "summary: 7 passed, 0 failed, 1 skipped" in out
+    assert status == 0 and "summary: 8 passed, 0 failed, 1 skipped" in out
     resume = next(line for line in lines if " resume " in line)
     assert "max |Δw| 0 (two straight runs: equal)" in resume  # exact on the CPU
 

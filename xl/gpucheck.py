@@ -11,6 +11,8 @@ written to a temporary folder (standard-library sources), check:
   the CUDA memory allocated falls back;
 - decoding: one-token decoding (:func:`xl.generate.generate`) picks, in float32, what the forward pass over the
   whole text picks;
+- compressive memory: training with the learned compressor and document masks over compressed slots (finite
+  losses, the compressor learns), then its one-token decoder fills the compressed memory;
 - throughput: the GPU benchmark (``python -m xl.bench.gpu``) in bf16, config S and enwik8_base, briefly.
 
 One PASS/FAIL line per check and a summary; the exit status is 1 if any check failed. ``--device cpu`` is a dry
@@ -298,6 +300,46 @@ def check_decoding(ctx: Context) -> Result:
     return Result("PASS" if gap <= limit else "FAIL", detail)
 
 
+def check_compressive(ctx: Context) -> Result:
+    """Train a compressive memory (the learned compressor, every line a document, so that the document masks hide
+    compressed slots); the losses are finite and the compressor learns; then its decoder fills its slots."""
+    from xl.build import build_run
+
+    steps = ctx.plan.train_steps
+    cfg = ctx.compose(f"precision={ctx.plan.run_precision}", "memory=compressive", "memory.mem_len=16",
+                      "memory.cmem_len=16", "data.doc_sep='.*'", "data.doc_sep_regex=true",
+                      f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}")
+    run = build_run(cfg)
+    recorder = TrainingRecorder()
+    run.trainer.callbacks.append(recorder)
+    before = weights(run.module)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    after = weights(run.module)
+    losses = torch.stack(recorder.losses).cpu()
+    recon = float(run.trainer.callback_metrics.get("train/recon_loss", math.nan))
+    learned = max_difference({k: v for k, v in before.items() if k.startswith("compressor.")},
+                             {k: v for k, v in after.items() if k.startswith("compressor.")})
+    model = run.module.model.eval()
+    mem = model.config
+    decoder = model.decoder(2)
+    text = torch.randint(0, mem.vocab_size, (2, 3 * (mem.mem_len + mem.cmem_rate * mem.cmem_len)),
+                         generator=torch.Generator().manual_seed(2)).to(model.device)
+    logits = decoder.prefill(text[:, :32], seg_len=16)
+    for t in range(32, text.size(1)):
+        logits = decoder.feed(text[:, t])
+    detail = (f"{ctx.plan.run_precision}, {len(losses)} steps, loss {losses[0]:.3f} → {losses[-1]:.3f}, "
+              f"reconstruction loss {recon:.3g}, compressor max |Δw| {learned:.2g}; decoder: {decoder.slots} slots "
+              f"after {text.size(1)} tokens")
+    problems = []
+    if not losses.isfinite().all() or len(losses) != steps or not math.isfinite(recon):
+        problems.append("a non-finite loss or reconstruction loss, or a missing step")
+    if not learned > 0:
+        problems.append("the compressor did not learn")
+    if decoder.slots != mem.cmem_len or not logits.isfinite().all():
+        problems.append("the decoder's compressed memory is not full or its logits are not finite")
+    return Result("FAIL" if problems else "PASS", "; ".join(problems + [detail]))
+
+
 @contextmanager
 def full_float32() -> Iterator[None]:
     """float32 matmuls in full precision (no TF32) for a comparison, restored after."""
@@ -336,7 +378,8 @@ def checks(plan: Plan) -> list[tuple[str, Callable[[Context], Result]]]:
             named.append((f"precision {precision}", lambda ctx, p=precision: check_precision(ctx, p)))
         else:
             named.append((f"precision {precision}", lambda ctx: Result("SKIP", "needs CUDA (dry run on the CPU)")))
-    named += [("resume", check_resume), ("eval memory", check_eval_memory), ("decoding", check_decoding)]
+    named += [("resume", check_resume), ("eval memory", check_eval_memory), ("decoding", check_decoding),
+              ("compressive memory", check_compressive)]
     for experiment, overrides, batch in plan.bench:
         named.append((f"throughput {experiment}",
                       lambda ctx, e=experiment, o=overrides, b=batch: check_throughput(ctx, e, o, b)))
