@@ -27,7 +27,8 @@ Documents (``memory.doc_boundaries=reset``, :mod:`xl.documents`): ``prefill(toke
 prompt that holds several documents as the forward does, and ``reset_rows(rows)`` makes the next token fed to
 those rows begin a new document: it and its successors see nothing of the row's earlier text, exactly as if
 the row had started from an empty memory, while the other rows keep theirs. A compressed slot is seen only if all
-it summarises lies in the row's current document (the rule of :func:`xl.documents.key_offsets`).
+it summarises lies in the row's current document (the rule of :func:`xl.documents.key_offsets`): a document that
+begins on a group boundary reads exactly as from an empty memory; otherwise the group across its start is hidden.
 """
 
 from __future__ import annotations
