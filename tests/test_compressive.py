@@ -19,8 +19,9 @@ def compress_by_hand(model: TransformerXL, layer: int, group: torch.Tensor) -> t
     comp = model.compressor
     if comp.fn == "mean":
         return sum(group[:, k] for k in range(group.size(1))) / group.size(1)
-    weight, bias = comp.weight[layer], comp.bias[layer]  # [out, in, rate], [out]
-    return bias + sum(group[:, k] @ weight[:, :, k].T for k in range(group.size(1)))
+    weight, bias = comp.weight[layer], comp.bias[layer]  # [out, rate·in] (state k of the group: columns k·d …), [out]
+    d = group.size(2)
+    return bias + sum(group[:, k] @ weight[:, k * d:(k + 1) * d].T for k in range(group.size(1)))
 
 
 @torch.no_grad()
@@ -250,6 +251,17 @@ def test_mean_of_identical_states_and_the_padded_last_group():
     conv = Compressor(n_layer=2, d_model=4, rate=3, fn="conv").double()
     torch.testing.assert_close(conv(1, states), out)  # starts as mean pooling
     assert list(Compressor(1, 4, 3, "mean").parameters()) == []
+
+
+def test_the_learned_compressor_is_a_convolution_with_kernel_and_stride_rate():
+    comp = Compressor(n_layer=2, d_model=4, rate=3, fn="conv").double()
+    with torch.no_grad():
+        for p in comp.parameters():
+            p.copy_(torch.randn(p.shape, dtype=torch.float64))
+    states = torch.randn(2, 9, 4, dtype=torch.float64)
+    kernel = comp.weight[1].view(4, 3, 4).transpose(1, 2)  # Conv1d's [out, in, kernel]
+    conv = torch.nn.functional.conv1d(states.transpose(1, 2), kernel, comp.bias[1], stride=3).transpose(1, 2)
+    torch.testing.assert_close(comp(1, states), conv, rtol=1e-12, atol=1e-12)
 
 
 def test_compressed_memory_holds_the_evicted_states_compression_in_order():

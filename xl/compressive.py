@@ -37,10 +37,12 @@ class Compressor(nn.Module):
             raise ValueError(f"cmem_fn must be one of {', '.join(COMPRESSION_FNS)}, got {fn!r}")
         self.rate, self.fn = rate, fn
         if fn == "conv":
-            # Conv1d's layout [out, in, kernel] per layer; starting as mean pooling, the compressed memory is
-            # useful from the first step and the reconstruction loss only has to improve on it.
-            eye = torch.eye(d_model).expand(n_layer, rate, d_model, d_model).permute(0, 2, 3, 1) / rate
-            self.weight = nn.Parameter(eye.contiguous())
+            # A convolution with kernel = stride = rate maps each group of rate states, read as one vector of
+            # rate·d values (state by state), to one state: per layer a [d_out, rate·d_in] matrix, applied as a
+            # matmul (a CPU convolution over a few groups costs several times more). Starting as mean pooling, the
+            # compressed memory is useful from the first step and the reconstruction loss only improves on it.
+            mean = torch.eye(d_model).repeat(1, rate) / rate
+            self.weight = nn.Parameter(mean.expand(n_layer, d_model, rate * d_model).contiguous())
             self.bias = nn.Parameter(torch.zeros(n_layer, d_model))
 
     @property
@@ -54,10 +56,10 @@ class Compressor(nn.Module):
         pad = -E % self.rate
         if pad:
             states = torch.cat([states, states[:, -1:].expand(B, pad, d)], dim=1)
+        groups = states.reshape(B, -1, self.rate, d)
         if self.fn == "mean":
-            return states.view(B, -1, self.rate, d).mean(2)
-        return F.conv1d(states.transpose(1, 2), self.weight[layer].to(states.dtype), self.bias[layer].to(states.dtype),
-                        stride=self.rate).transpose(1, 2)
+            return groups.mean(2)
+        return F.linear(groups.flatten(2), self.weight[layer].to(states.dtype), self.bias[layer].to(states.dtype))
 
 
 def content_attention(attn: nn.Module, x: Tensor, mem: Tensor) -> Tensor:
