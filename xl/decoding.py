@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xl.documents import Documents, positions
+from xl.documents import Documents, key_offsets, positions
 from xl.memory import split_memory
 from xl.model import TransformerXL, check_compressive, check_context, relative_embeddings
 
@@ -164,9 +164,7 @@ class IncrementalDecoder:
         earliest = self.start - self.slots * self.rate  # where the oldest visible key begins
         if not (self.doc_start > earliest).any():
             return None
-        begins = torch.arange(self.lo, self.end + 1, device=device)
-        if self.slots:
-            begins[:self.slots] = self.start - self.rate * torch.arange(self.slots, 0, -1, device=device)
+        begins = self.end + key_offsets(self.end - self.lo, 1, device, self.slots, self.rate)  # buffer indices
         return begins < torch.from_numpy(self.doc_start).to(device)[:, None]
 
     def _compress(self) -> None:
