@@ -19,9 +19,8 @@ def compress_by_hand(model: TransformerXL, layer: int, group: torch.Tensor) -> t
     comp = model.compressor
     if comp.fn == "mean":
         return sum(group[:, k] for k in range(group.size(1))) / group.size(1)
-    weight, bias = comp.weight[layer], comp.bias[layer]  # [out, rate·in] (state k of the group: columns k·d …), [out]
-    d = group.size(2)
-    return bias + sum(group[:, k] @ weight[:, k * d:(k + 1) * d].T for k in range(group.size(1)))
+    weight, bias = comp.weight[layer], comp.bias[layer]  # [out, in, rate], [out]
+    return bias + sum(group[:, k] @ weight[:, :, k].T for k in range(group.size(1)))
 
 
 @torch.no_grad()
@@ -259,8 +258,7 @@ def test_the_learned_compressor_is_a_convolution_with_kernel_and_stride_rate():
         for p in comp.parameters():
             p.copy_(torch.randn(p.shape, dtype=torch.float64))
     states = torch.randn(2, 9, 4, dtype=torch.float64)
-    kernel = comp.weight[1].view(4, 3, 4).transpose(1, 2)  # Conv1d's [out, in, kernel]
-    conv = torch.nn.functional.conv1d(states.transpose(1, 2), kernel, comp.bias[1], stride=3).transpose(1, 2)
+    conv = torch.nn.functional.conv1d(states.transpose(1, 2), comp.weight[1], comp.bias[1], stride=3).transpose(1, 2)
     torch.testing.assert_close(comp(1, states), conv, rtol=1e-12, atol=1e-12)
 
 

@@ -37,19 +37,26 @@ class Compressor(nn.Module):
             raise ValueError(f"cmem_fn must be one of {', '.join(COMPRESSION_FNS)}, got {fn!r}")
         self.rate, self.fn = rate, fn
         if fn == "conv":
-            # A convolution with kernel = stride = rate maps each group of rate states, read as one vector of
-            # rate·d values (state by state), to one state: per layer a [d_out, rate·d_in] matrix, applied as a
-            # matmul (a CPU convolution over a few groups costs several times more). Starting as mean pooling, the
-            # compressed memory is useful from the first step and the reconstruction loss only improves on it.
-            mean = torch.eye(d_model).repeat(1, rate) / rate
-            self.weight = nn.Parameter(mean.expand(n_layer, d_model, rate * d_model).contiguous())
+            # Conv1d's layout [out, in, kernel] per layer; starting as mean pooling, the compressed memory is
+            # useful from the first step and the reconstruction loss only has to improve on it.
+            eye = torch.eye(d_model).expand(n_layer, rate, d_model, d_model).permute(0, 2, 3, 1) / rate
+            self.weight = nn.Parameter(eye.contiguous())
             self.bias = nn.Parameter(torch.zeros(n_layer, d_model))
 
     @property
     def learned(self) -> bool:
         return self.fn == "conv"
 
-    def forward(self, layer: int, states: Tensor) -> Tensor:
+    def matrix(self, layer: int) -> Tensor:
+        """The convolution (kernel = stride = rate) as the [out, rate·in] matrix that maps a group of rate states,
+        read state by state as one vector, to its slot: applied as a matmul, which on a CPU costs several times
+        less than a convolution over a few groups. A copy: a caller that applies fixed weights often (the
+        decoder) makes it once."""
+        weight = self.weight[layer]
+        return weight.permute(0, 2, 1).reshape(weight.size(0), -1)
+
+    def forward(self, layer: int, states: Tensor, matrix: Tensor | None = None) -> Tensor:
+        """``matrix``: :meth:`matrix` of ``layer``, if already made."""
         B, E, d = states.shape
         if not E:
             return states
@@ -59,7 +66,8 @@ class Compressor(nn.Module):
         groups = states.reshape(B, -1, self.rate, d)
         if self.fn == "mean":
             return groups.mean(2)
-        return F.linear(groups.flatten(2), self.weight[layer].to(states.dtype), self.bias[layer].to(states.dtype))
+        matrix = self.matrix(layer) if matrix is None else matrix
+        return F.linear(groups.flatten(2), matrix.to(states.dtype), self.bias[layer].to(states.dtype))
 
 
 def content_attention(attn: nn.Module, x: Tensor, mem: Tensor) -> Tensor:

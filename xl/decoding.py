@@ -45,7 +45,7 @@ from xl.model import TransformerXL, check_compressive, check_context, relative_e
 class IncrementalDecoder:
     """Per layer: keys/values of the positions a new token attends to, the projected relative embeddings
     (multiplied by the attention scale) and the stacked query/key/value weight; with a compressed memory also the
-    layer inputs of the memory's states (the compressor's input). All come from the weights at construction: build
+    layer inputs of the memory's states (the compressor's input) and a learned compressor's matrix. All come from the weights at construction: build
     a new decoder (:meth:`TransformerXL.decoder`) after changing them."""
 
     def __init__(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> None:
@@ -70,6 +70,9 @@ class IncrementalDecoder:
             # m .. 0). Multiplied by the attention scale once here, so that no step scales its position scores.
             self.r = [layer.attn.project_positions(pos_emb) * layer.attn.scale for layer in model.layers]
             self.qkv_weight = [layer.attn.qkv_weight() for layer in model.layers]
+            compressor = model.compressor
+            self.cmem_matrix = ([compressor.matrix(n) for n in range(cfg.n_layer)] if compressor is not None
+                                and compressor.learned else [None] * cfg.n_layer)
         # Keys/values live in buffers twice as long as the keys a token sees: a token's key is written in place
         # after the visible ones, and only when a buffer is full are those moved back to the front (once every
         # `window` tokens or more). Layout: buf[lo:start] compressed slots (oldest first), buf[start:end] the
@@ -175,7 +178,7 @@ class IncrementalDecoder:
         slot = self.start + rate - 1  # the newest group state's index: the slot takes its place
         for n, layer in enumerate(self.model.layers):
             group = self.h_buf[n][:, self.start:self.start + rate]
-            state = self.model.compressor(n, group).to(cfg.memory_dtype(group.dtype))
+            state = self.model.compressor(n, group, self.cmem_matrix[n]).to(cfg.memory_dtype(group.dtype))
             k, v = layer.attn.project_memory(state)
             for buf, new in ((self.k_buf[n], k), (self.v_buf[n], v)):
                 buf[:, :, slot - kept:slot] = buf[:, :, self.start - kept:self.start].clone()
