@@ -334,3 +334,52 @@ def test_the_softmax_fits_the_vocabulary_unless_the_model_sets_its_clusters(tmp_
     assert model_config(cfg, 50257, [8192])["cutoffs"] == [8192]
     cfg.model.cutoffs = [100]
     assert model_config(cfg, 50257, [8192])["cutoffs"] == [100]
+
+
+def test_fingerprint_tells_tokenizers_of_one_size_apart():
+    a, b, again = make_tokenizer("char"), make_tokenizer("char"), make_tokenizer("char")
+    a.fit(["abc"])
+    b.fit(["abd"])
+    again.fit(["cba"])
+    assert a.vocab_size == b.vocab_size
+    assert tok_module.fingerprint(a) != tok_module.fingerprint(b)
+    assert tok_module.fingerprint(a) == tok_module.fingerprint(again)  # the same vocabulary, however it was read
+    assert tok_module.fingerprint(make_tokenizer("byte")) == tok_module.fingerprint(make_tokenizer("byte"))
+
+
+def test_a_checkpoint_refuses_another_tokenizer_of_the_same_size(tmp_path, corpus, monkeypatch):
+    """Trained with a character vocabulary; the same corpus with one character swapped for an unseen one gives a
+    vocabulary of the same size whose ids mean other characters: resuming, evaluating and generating refuse it."""
+    import torch
+
+    import xl.generate
+    from tests.conftest import compose_config, run_hydra_main, tiny_overrides
+    from tests.test_evaluate import compose_eval
+    from xl.build import build_run
+    from xl.checkpoint import CheckpointError
+    from xl.evaluate import evaluate
+
+    run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "data.tokenizer=char", "trainer.max_steps=2"))
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    text = {split: path.read_text(encoding="utf-8") for split, path in corpus.items()}
+    assert "q" in text["train"] and "\u2603" not in "".join(text.values())
+    (tmp_path / "other").mkdir()
+    other = write_corpus(tmp_path / "other", *(text[s].replace("q", "\u2603") for s in ("train", "val", "test")))
+    data = ["data=text", *(f"data.{s}={other[s]}" for s in ("train", "val", "test")), "data.tokenizer=char",
+            f"data.cache_dir={tmp_path / 'other_cache'}"]
+    said = "was trained with another tokenizer than this data gives"
+    with pytest.raises(CheckpointError, match=f"ckpt_path=.*{said}"):
+        build_run(compose_config(*tiny_overrides(tmp_path, corpus), *data, f"ckpt_path={ckpt}",
+                                 f"paths.output_dir={tmp_path / 'resumed'}"))
+    with pytest.raises(CheckpointError, match=f"ckpt=.*{said}.*set data and data.tokenizer"):
+        evaluate(compose_eval(f"ckpt={ckpt}", *data, f"paths.output_dir={tmp_path / 'eval'}"))
+    with pytest.raises(SystemExit, match=said):
+        run_hydra_main(xl.generate.main, ["xl.generate", f"ckpt={ckpt}", "prompt=x", *data,
+                                          f"hydra.run.dir={tmp_path / 'gen'}"], monkeypatch)
+    # The training data itself is accepted: the checkpoint recorded its tokenizer's fingerprint.
+    assert torch.load(ckpt, weights_only=True)["xl"]["tokenizer"] == run.datamodule.tokenizer_fingerprint
+    evaluate(compose_eval(f"ckpt={ckpt}", "data=text", *(f"data.{s}={corpus[s]}" for s in ("train", "val", "test")),
+                          "data.tokenizer=char", f"data.cache_dir={tmp_path / 'cache'}", "trainer.limit_val_batches=1",
+                          "trainer.limit_test_batches=1", f"paths.output_dir={tmp_path / 'eval_ok'}"))
+

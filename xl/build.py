@@ -440,12 +440,13 @@ def build_trainer(cfg: DictConfig) -> L.Trainer:
     return trainer
 
 
-def check_checkpoint(cfg: DictConfig, module: XLLitModule) -> str | None:
+def check_checkpoint(cfg: DictConfig, module: XLLitModule, datamodule: Any) -> str | None:
     """Resolve ``ckpt_path`` (a file or a run folder) and refuse one that cannot serve this run."""
     if not cfg.get("ckpt_path"):
         return None
     checkpoint = Checkpoint.open(cfg.ckpt_path)
     path = checkpoint.path
+    checkpoint.check_tokenizer(datamodule.vocab_size, datamodule.tokenizer_fingerprint, "ckpt_path")
     check_compatible(checkpoint.model_config, module.config.to_dict(), resuming=bool(cfg.train), path=path)
     memory = checkpoint.train_memory
     if cfg.train and memory is not None and memory.size(2) != cfg.data.batch_size:
@@ -474,7 +475,7 @@ def build_run(cfg: DictConfig) -> Run:
     prepare(datamodule)
     check_fits(cfg, datamodule.vocab_size)
     module = build_module(cfg, datamodule)
-    ckpt_path = check_checkpoint(cfg, module)
+    ckpt_path = check_checkpoint(cfg, module, datamodule)
     trainer = build_trainer(cfg)
     check_splits(cfg, datamodule, trainer)
     return Run(datamodule, module, trainer, ckpt_path)

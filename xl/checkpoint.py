@@ -1,8 +1,9 @@
 """What a checkpoint holds beyond Lightning's own state, and reading one safely.
 
 Lightning saves weights, optimizer, scheduler, loop counters and the train loader's position. We add
-under ``checkpoint["xl"]`` what makes a resume exact: the model config, and the training memory and the
-random-number generators' states of every rank (gathered, since only rank 0 writes the file).
+under ``checkpoint["xl"]`` what makes a resume exact: the model config, the tokenizer's fingerprint (so that
+another tokenizer of the same vocabulary size is refused), and the training memory and the random-number
+generators' states of every rank (gathered, since only rank 0 writes the file).
 Checkpoints are read with ``weights_only=True``: no pickled code is ever executed.
 """
 
@@ -100,6 +101,18 @@ class Checkpoint:
         """The TransformerXL's own state dict (the Lightning module keeps it under ``model.``)."""
         prefix = "model."
         return {k[len(prefix):]: v for k, v in self.state["state_dict"].items() if k.startswith(prefix)}
+
+    def check_tokenizer(self, vocab_size: int, fingerprint: str, setting: str = "ckpt") -> None:
+        """Refuse data whose tokenizer is not the one the model was trained with: another vocabulary size, or the
+        same size with other tokens (checkpoints that predate the fingerprint are checked on the size only)."""
+        check_vocabulary(self.model_config["vocab_size"], vocab_size, self.path, setting)
+        saved = self.state[XL_KEY].get("tokenizer")
+        if saved is not None and saved != fingerprint:
+            raise CheckpointError(
+                f"{setting}={self.path} was trained with another tokenizer than this data gives (the same "
+                f"{vocab_size} ids stand for other tokens); set data and data.tokenizer (and its file or settings) "
+                "to what the model was trained on"
+            )
 
     def load_model(self, vocab_size: int | None = None, setting: str = "ckpt") -> TransformerXL:
         """The trained model in evaluation mode; ``vocab_size``: the tokenizer's, refused if it differs."""

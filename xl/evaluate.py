@@ -27,7 +27,7 @@ from torch import Tensor
 
 from xl.adaptive import widen
 from xl.build import ConfigError, build_datamodule, build_trainer, check_device
-from xl.checkpoint import Checkpoint, check_vocabulary
+from xl.checkpoint import Checkpoint
 from xl.config import entry_point
 from xl.documents import MODES, Documents, DocumentStats, bucket_names, split_batch, summary
 from xl.lit import XLLitModule
@@ -179,7 +179,7 @@ def eval_context(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
 
 def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any) -> Evaluator:
     model = checkpoint.model_config
-    check_vocabulary(model["vocab_size"], datamodule.vocab_size, checkpoint.path)
+    checkpoint.check_tokenizer(datamodule.vocab_size, datamodule.tokenizer_fingerprint)
     if cfg.warmup < 0:
         raise ConfigError(f"warmup must be >= 0 segments, got {cfg.warmup}")
     context = eval_context(cfg, checkpoint)

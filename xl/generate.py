@@ -84,9 +84,11 @@ def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str,
 # An absolute path: found the same way under `python -m xl.generate` and when main() is called in-process.
 @entry_point("generate")
 def main(cfg: DictConfig) -> None:
-    tokenizer = build_datamodule(cfg).tokenizer
+    datamodule = build_datamodule(cfg)
+    tokenizer = datamodule.tokenizer
     checkpoint = Checkpoint.open(cfg.ckpt, setting="ckpt")
-    model = checkpoint.load_model(tokenizer.vocab_size)
+    checkpoint.check_tokenizer(tokenizer.vocab_size, datamodule.tokenizer_fingerprint)
+    model = checkpoint.load_model()
     if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0 or cfg.max_new_tokens < 0:
         raise ConfigError("temperature must be >= 0, top_p in (0, 1], top_k and max_new_tokens >= 0")
     # A file is read as the corpus sources read files (bytes kept exactly, \r\n included), so its tokens are those

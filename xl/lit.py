@@ -154,6 +154,7 @@ class XLLitModule(L.LightningModule):
         # last optimizer step
         self.model = TransformerXL(self.config)
         self.memory = MemoryStore()
+        self.tokenizer_fingerprint: str | None = None  # the data module's, from setup; saved in checkpoints
         # Per stage: summed NLL, tokens and their UTF-8 bytes (reduced across ranks exactly), for the loss, the
         # unit's figure and bits per byte. No NaN checks inside: they would wait for the device every step.
         self.metrics = LMMetrics(unit)
@@ -250,6 +251,7 @@ class XLLitModule(L.LightningModule):
         the optimizer steps once per window (once per ``accumulate_grad_batches`` windows)."""
         table = getattr(self.trainer.datamodule, "token_bytes", None)
         self.metrics.set_token_bytes(table, self.config.vocab_size)
+        self.tokenizer_fingerprint = getattr(self.trainer.datamodule, "tokenizer_fingerprint", None)
         if stage != "fit" or self.grad_segments == 1:
             return
         trainer = self.trainer
@@ -366,10 +368,12 @@ class XLLitModule(L.LightningModule):
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Add the model config, and every rank's training memory and RNG states (see xl.checkpoint)."""
+        """Add the model config, the tokenizer's fingerprint, and every rank's training memory and RNG states (see
+        xl.checkpoint)."""
         world = self.trainer.world_size
         checkpoint[XL_KEY] = {
             "model_config": self.config.to_dict(),
+            "tokenizer": self.tokenizer_fingerprint,
             "train_memory": self.memory.pack(self.all_gather, world),
             "rng": gather_rng_states(world),
         }

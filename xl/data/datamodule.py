@@ -7,6 +7,7 @@ the memory maps on every rank and cuts this rank's streams. ``train_dataloader``
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from xl.data.cache import TokenCache, build_cache, open_cache
 from xl.data.errors import DataError
 from xl.data.sources import SPLITS, SeparatedSource, Source, TextFilesSource
 from xl.data.stream import SegmentLoader
-from xl.data.tokenizers import Tokenizer, default_cutoffs, make_tokenizer
+from xl.data.tokenizers import Tokenizer, default_cutoffs, fingerprint, make_tokenizer
 
 STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ()}
 
@@ -86,6 +87,11 @@ class SegmentDataModule(lightning.LightningDataModule):
     @property
     def tokenizer(self) -> Tokenizer:
         return self.cache.tokenizer
+
+    @functools.cached_property
+    def tokenizer_fingerprint(self) -> str:
+        """:func:`xl.data.tokenizers.fingerprint` of the fitted tokenizer: checkpoints record it."""
+        return fingerprint(self.tokenizer)
 
     @property
     def vocab_size(self) -> int:

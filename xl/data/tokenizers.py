@@ -457,6 +457,12 @@ def default_cutoffs(vocab_size: int, ranked: bool) -> list[int]:
     return cutoffs
 
 
+def fingerprint(tokenizer: Tokenizer) -> str:
+    """A short hash of everything that decides the ids (kind, settings and fitted vocabulary): a model trained with
+    one tokenizer reads nonsense from another of the same size, and this tells them apart."""
+    return hashlib.sha256(json.dumps(tokenizer.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
 def tokenizer_from_dict(values: dict[str, Any]) -> Tokenizer:
     """Rebuild a fitted tokenizer from its ``to_dict()``."""
     return TOKENIZERS[values["name"]].from_dict(values)
