@@ -75,6 +75,37 @@ def test_resume_with_another_memory_length_is_refused(tmp_path, corpus):
         build_run(cfg)
 
 
+@pytest.mark.parametrize("edit", ["reshaped", "dropped", "added"])
+def test_weights_that_do_not_fit_the_model_are_one_sentence(tmp_path, corpus, edit):
+    """A checkpoint whose config fits but whose weights do not (edited, or from another version of a module) is
+    refused by resume, evaluation and loading, before any work, naming the tensor."""
+    from tests.test_evaluate import compose_eval
+    from xl.checkpoint import Checkpoint
+    from xl.evaluate import evaluate
+
+    fit(resume_cfg(tmp_path, corpus, "first", "trainer.max_steps=3", "callbacks.model_checkpoint.every_n_train_steps=3"))
+    state = torch.load(tmp_path / "first" / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    weights, name = state["state_dict"], "model.layers.0.attn.r_w_bias"
+    if edit == "reshaped":
+        weights[name] = weights[name].flatten()
+    elif edit == "dropped":
+        del weights[name]
+    else:
+        weights["model.extra"] = torch.zeros(2)
+    path = tmp_path / "edited.ckpt"
+    torch.save(state, path)
+    said = {"reshaped": r"layers.0.attn.r_w_bias has shape \[32\] \(this model: \[2, 16\]\)",
+            "dropped": "layers.0.attn.r_w_bias is missing", "added": "extra is not a weight of this model"}[edit]
+    with pytest.raises(CheckpointError, match=f"^ckpt_path=.* holds weights that do not fit this model: {said}; "):
+        build_run(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={path}"))
+    with pytest.raises(CheckpointError, match=f"^ckpt=.* {said}"):
+        Checkpoint.open(path, setting="ckpt").load_model()
+    data = [f"data.{s}={corpus[s]}" for s in ("train", "val", "test")]
+    with pytest.raises(CheckpointError, match=said):
+        evaluate(compose_eval(f"ckpt={path}", "data=text", *data, f"data.cache_dir={tmp_path / 'cache'}",
+                              f"paths.output_dir={tmp_path / 'eval'}"))
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "missing"])
 def test_damaged_checkpoint_is_one_clear_error(tmp_path, corpus, damage):
     path = tmp_path / "bad.ckpt"

@@ -448,6 +448,7 @@ def check_checkpoint(cfg: DictConfig, module: XLLitModule, datamodule: Any) -> s
     path = checkpoint.path
     checkpoint.check_tokenizer(datamodule.vocab_size, datamodule.tokenizer_fingerprint, "ckpt_path")
     check_compatible(checkpoint.model_config, module.config.to_dict(), resuming=bool(cfg.train), path=path)
+    checkpoint.check_weights(module.model, "ckpt_path")
     memory = checkpoint.train_memory
     if cfg.train and memory is not None and memory.size(2) != cfg.data.batch_size:
         raise CheckpointError(

@@ -114,11 +114,26 @@ class Checkpoint:
                 "to what the model was trained on"
             )
 
+    def check_weights(self, model: torch.nn.Module, setting: str = "ckpt") -> None:
+        """Refuse, before any work, weights that do not fit ``model`` (a TransformerXL): a tensor missing, one the
+        model does not have, or one of another shape (a file edited by hand, or from another version of a module).
+        The config checks catch a different shape setting; this catches everything else in one sentence."""
+        saved, wanted = self.model_weights(), model.state_dict()
+        problems = [f"{k} is missing" for k in wanted if k not in saved]
+        problems += [f"{k} is not a weight of this model" for k in saved if k not in wanted]
+        problems += [f"{k} has shape {list(saved[k].shape)} (this model: {list(v.shape)})"
+                     for k, v in wanted.items() if k in saved and saved[k].shape != v.shape]
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise CheckpointError(f"{setting}={self.path} holds weights that do not fit this model: {problems[0]}{more}; "
+                                  "use a checkpoint this project's train.py wrote for these model options")
+
     def load_model(self, vocab_size: int | None = None, setting: str = "ckpt") -> TransformerXL:
         """The trained model in evaluation mode; ``vocab_size``: the tokenizer's, refused if it differs."""
         if vocab_size is not None:
             check_vocabulary(self.model_config["vocab_size"], vocab_size, self.path, setting)
         model = TransformerXL(XLConfig.from_dict(self.model_config))
+        self.check_weights(model, setting)
         model.load_state_dict(self.model_weights())
         return model.eval()
 

@@ -196,6 +196,7 @@ def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any) ->
                            per_document)
     except ValueError as err:
         raise ConfigError(f"invalid memory setting: {err}") from err
+    checkpoint.check_weights(module.model)
     module.load_state_dict(checkpoint.state["state_dict"])
     return module
 
