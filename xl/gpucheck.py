@@ -165,19 +165,23 @@ def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
-def check_precision(ctx: Context, precision: str) -> Result:
-    """Train with clipping; the losses are finite, the applied gradient is clipped, the weights change."""
-    cfg = ctx.compose(f"precision={precision}", f"trainer.max_steps={ctx.plan.train_steps}",
-                      f"trainer.val_check_interval={ctx.plan.train_steps}")
+def fit_recorded(ctx: Context, *overrides: str) -> tuple[Any, TrainingRecorder, dict[str, Tensor], dict[str, Tensor]]:
+    """A run of ``train_steps`` steps: the run, its recorded losses and gradient norms, the weights before and after."""
     from xl.build import build_run
 
-    run = build_run(cfg)
-    clip = float(cfg.trainer.gradient_clip_val)
+    steps = ctx.plan.train_steps
+    run = build_run(ctx.compose(*overrides, f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}"))
     recorder = TrainingRecorder()
     run.trainer.callbacks.append(recorder)
     before = weights(run.module)
     run.trainer.fit(run.module, datamodule=run.datamodule)
-    after = weights(run.module)
+    return run, recorder, before, weights(run.module)
+
+
+def check_precision(ctx: Context, precision: str) -> Result:
+    """Train with clipping; the losses are finite, the applied gradient is clipped, the weights change."""
+    run, recorder, before, after = fit_recorded(ctx, f"precision={precision}")
+    clip = float(run.trainer.gradient_clip_val)
     losses = torch.stack(recorder.losses).cpu()
     # 16-mixed: the scaler skips the steps that overflow while it finds its scale; only finite norms count.
     raw, applied = (torch.stack(norms).cpu() for norms in (recorder.raw, recorder.clipped))
@@ -303,18 +307,9 @@ def check_decoding(ctx: Context) -> Result:
 def check_compressive(ctx: Context) -> Result:
     """Train a compressive memory (the learned compressor, every line a document, so that the document masks hide
     compressed slots); the losses are finite and the compressor learns; then its decoder fills its slots."""
-    from xl.build import build_run
-
-    steps = ctx.plan.train_steps
-    cfg = ctx.compose(f"precision={ctx.plan.run_precision}", "memory=compressive", "memory.mem_len=16",
-                      "memory.cmem_len=16", "data.doc_sep='.*'", "data.doc_sep_regex=true",
-                      f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}")
-    run = build_run(cfg)
-    recorder = TrainingRecorder()
-    run.trainer.callbacks.append(recorder)
-    before = weights(run.module)
-    run.trainer.fit(run.module, datamodule=run.datamodule)
-    after = weights(run.module)
+    run, recorder, before, after = fit_recorded(ctx, f"precision={ctx.plan.run_precision}", "memory=compressive",
+                                                "memory.mem_len=16", "memory.cmem_len=16", "data.doc_sep='.*'",
+                                                "data.doc_sep_regex=true")
     losses = torch.stack(recorder.losses).cpu()
     recon = float(run.trainer.callback_metrics.get("train/recon_loss", math.nan))
     learned = max_difference({k: v for k, v in before.items() if k.startswith("compressor.")},
@@ -331,7 +326,7 @@ def check_compressive(ctx: Context) -> Result:
               f"reconstruction loss {recon:.3g}, compressor max |Δw| {learned:.2g}; decoder: {decoder.slots} slots "
               f"after {text.size(1)} tokens")
     problems = []
-    if not losses.isfinite().all() or len(losses) != steps or not math.isfinite(recon):
+    if not losses.isfinite().all() or len(losses) != ctx.plan.train_steps or not math.isfinite(recon):
         problems.append("a non-finite loss or reconstruction loss, or a missing step")
     if not learned > 0:
         problems.append("the compressor did not learn")
