@@ -31,8 +31,8 @@ def test_job_summary_records_metrics_speed_and_cost(tmp_path, corpus):
 
 def test_job_summary_records_the_memory_variant_and_its_cache(tmp_path, corpus):
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), "memory=compressive", "memory.mem_len=8",
-                         "memory.cmem_len=4", "memory.cmem_rate=2", "memory.doc_boundaries=ignore", "trainer.max_steps=2",
-                         "test=false")
+                         "memory.cmem_len=4", "memory.cmem_rate=2", "memory.doc_boundaries=ignore",
+                         "trainer.max_steps=2", "test=false")
     run = build_run(cfg)
     run.trainer.fit(run.module, datamodule=run.datamodule)
     results = json.loads((tmp_path / "run" / "results.json").read_text())

@@ -8,7 +8,6 @@ import torch
 from tests.helpers.reference import reference_attention
 from tests.test_model import TINY, make_model, run_segments
 from xl.compressive import Compressor, reconstruction_loss
-from xl.documents import Documents
 from xl.footprint import cache_footprint
 from xl.memory import MemoryStore, evicted_states, nbytes, split_memory, update_compressive_memory
 from xl.model import TransformerXL, XLConfig

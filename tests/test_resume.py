@@ -83,7 +83,8 @@ def test_weights_that_do_not_fit_the_model_are_one_sentence(tmp_path, corpus, ed
     from xl.checkpoint import Checkpoint
     from xl.evaluate import evaluate
 
-    fit(resume_cfg(tmp_path, corpus, "first", "trainer.max_steps=3", "callbacks.model_checkpoint.every_n_train_steps=3"))
+    fit(resume_cfg(tmp_path, corpus, "first", "trainer.max_steps=3",
+                   "callbacks.model_checkpoint.every_n_train_steps=3"))
     state = torch.load(tmp_path / "first" / "run" / "checkpoints" / "last.ckpt", weights_only=True)
     weights, name = state["state_dict"], "model.layers.0.attn.r_w_bias"
     if edit == "reshaped":

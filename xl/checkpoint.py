@@ -125,8 +125,8 @@ class Checkpoint:
                      for k, v in wanted.items() if k in saved and saved[k].shape != v.shape]
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise CheckpointError(f"{setting}={self.path} holds weights that do not fit this model: {problems[0]}{more}; "
-                                  "use a checkpoint this project's train.py wrote for these model options")
+            raise CheckpointError(f"{setting}={self.path} holds weights that do not fit this model: {problems[0]}"
+                                  f"{more}; use a checkpoint this project's train.py wrote for these model options")
 
     def load_model(self, vocab_size: int | None = None, setting: str = "ckpt") -> TransformerXL:
         """The trained model in evaluation mode; ``vocab_size``: the tokenizer's, refused if it differs."""

@@ -45,8 +45,8 @@ from xl.model import TransformerXL, check_compressive, check_context, relative_e
 class IncrementalDecoder:
     """Per layer: keys/values of the positions a new token attends to, the projected relative embeddings
     (multiplied by the attention scale) and the stacked query/key/value weight; with a compressed memory also the
-    layer inputs of the memory's states (the compressor's input) and a learned compressor's matrix. All come from the weights at construction: build
-    a new decoder (:meth:`TransformerXL.decoder`) after changing them."""
+    layer inputs of the memory's states (the compressor's input) and a learned compressor's matrix. All come from
+    the weights at construction: build a new decoder (:meth:`TransformerXL.decoder`) after changing them."""
 
     def __init__(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> None:
         check_context(window, clamp_len, same_length)
