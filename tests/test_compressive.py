@@ -342,16 +342,20 @@ def test_mean_pooling_has_no_reconstruction_loss():
     assert out.recon_loss is None and list(model.compressor.parameters()) == []
 
 
-def test_cached_keys_and_values_give_the_same_evaluation():
-    model = make_model(mem_len=4, cmem_len=4, cmem_rate=2, cmem_fn="conv")
+@pytest.mark.parametrize("seg_len,mem_len,cmem_len,rate", [(4, 4, 4, 2), (8, 4, 3, 2), (6, 6, 5, 3), (4, 0, 2, 2)])
+def test_cached_keys_and_values_give_the_same_evaluation(seg_len, mem_len, cmem_len, rate):
+    """The carried keys/values (old slots' and kept states' sliced, new slots' projected) are those of the memory:
+    also when a segment makes more slots than the compressed memory holds, or without an uncompressed memory."""
+    model = make_model(mem_len=mem_len, cmem_len=cmem_len, cmem_rate=rate, cmem_fn="conv")
     perturb_compressor(model)
-    tokens = torch.randint(0, TINY["vocab_size"], (2, 30), generator=torch.Generator().manual_seed(4))
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 50), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        plain, _ = run_segments(model, tokens, 4)
+        plain, _ = run_segments(model, tokens, seg_len)
         mems, kv, cached = None, None, []
-        for start in range(0, 30, 4):
-            out = model(tokens[:, start:start + 4], mems, cache_kv=True, kv=kv)
+        for start in range(0, 50, seg_len):
+            out = model(tokens[:, start:start + seg_len], mems, cache_kv=True, kv=kv)
             mems, kv = out.mems, out.kv
+            assert all(k.size(2) == m.size(1) for (k, _), m in zip(kv, mems, strict=True))
             cached.append(out.logits)
     torch.testing.assert_close(torch.cat(cached, 1), plain, rtol=1e-12, atol=1e-12)  # the short last segment too
 

@@ -411,14 +411,14 @@ class TransformerXL(nn.Module):
         mem_dtype = cfg.memory_dtype(h.dtype)
         # A memory stored rounded (mem_dtype) must be seen by the next segment through keys/values of the rounded
         # states, as it would be without the cache: those are projected from the new memory, not sliced from here.
-        slice_kv = cache_kv and mem_dtype == h.dtype and not cfg.cmem_len  # compressed slots are new states
+        slice_kv = cache_kv and mem_dtype == h.dtype
         layer_inputs, new_kv = [], []
-        kept = slice(M + L - min(mem_len, M + L), None)  # the positions the new memory keeps
+        kept = slice(M + L - min(mem_len, M - slots + L), None)  # the states the new memory keeps (after any slots)
         for layer, mem, mem_kv in zip(self.layers, mems, kv or [None] * cfg.n_layer, strict=True):
             layer_inputs.append(h)
             h, (k, v) = layer(h, mem, pos_emb, mask, mem_kv)
             if slice_kv:
-                new_kv.append((k[:, :, kept], v[:, :, kept]))
+                new_kv.append((k, v) if cfg.cmem_len else (k[:, :, kept], v[:, :, kept]))
         recon_loss = None
         if cfg.cmem_len:
             evicted = [evicted_states(m, x, mem_len, cfg.cmem_len) for m, x in zip(mems, layer_inputs, strict=True)]
@@ -427,6 +427,9 @@ class TransformerXL(nn.Module):
             if compressed[0].requires_grad and evicted[0].size(1):
                 recon_loss = reconstruction_loss(self.layers, layer_inputs, evicted, compressed)
             new_mems = update_compressive_memory(mems, layer_inputs, compressed, mem_len, cfg.cmem_len, mem_dtype)
+            if slice_kv:
+                new_kv = [compressive_kv(layer.attn, k, v, slots, c, cfg.cmem_len, kept)
+                          for layer, (k, v), c in zip(self.layers, new_kv, compressed, strict=True)]
         else:
             update = update_memory if detach_memory else update_memory_attached
             new_mems = update(mems, layer_inputs, mem_len, mem_dtype)
@@ -445,6 +448,18 @@ class TransformerXL(nn.Module):
             logits = logits if return_logits else None
         return XLOutput(logits=logits, mems=new_mems, loss=loss, kv=new_kv if cache_kv else None,
                         recon_loss=recon_loss)
+
+
+def compressive_kv(attn: RelMultiHeadAttention, k: Tensor, v: Tensor, slots: int, new_slots: Tensor, cmem_len: int,
+                   kept: slice) -> tuple[Tensor, Tensor]:
+    """Keys/values of a new ``compressed ∘ memory`` (:func:`xl.memory.update_compressive_memory`), from a layer's
+    keys/values ``k``, ``v`` [B, H, K, D] over ``old slots ∘ old memory ∘ segment``: the old slots kept and the states
+    kept (``kept``) are sliced from them, and only the newest ``cmem_len`` of ``new_slots`` [B, S, d] are projected."""
+    new = min(new_slots.size(1), cmem_len)
+    old = min(slots, cmem_len - new)
+    k_new, v_new = attn.project_memory(new_slots[:, new_slots.size(1) - new:])
+    return (torch.cat([k[:, :, slots - old:slots], k_new, k[:, :, kept]], dim=2),
+            torch.cat([v[:, :, slots - old:slots], v_new, v[:, :, kept]], dim=2))
 
 
 def count_parameters(config: XLConfig) -> int:
