@@ -16,13 +16,12 @@ after a prompt that fills every memory). Times are reported against ``plain M``.
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 
 import torch
 
 from xl.bench.runner import SegmentRunner, token_stream
-from xl.bench.shared import CONFIG_S, cpu_model, median_rate
+from xl.bench.shared import CONFIG_S, cpu_model, median_rate, report_ratios
 from xl.decoding import IncrementalDecoder
 from xl.model import TransformerXL, XLConfig
 
@@ -101,16 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     result = rates(args.mem_len, args.rate, args.batch, args.tgt_len, args.steps, args.decode, args.rounds)
     print(f"machine: {cpu_model()}, torch {torch.__version__}, {args.threads} thread(s); config S, batch "
           f"{args.batch}, segments of {args.tgt_len}, {args.rounds} interleaved rounds")
-    names = list(memories(args.mem_len, args.rate))
-    summary = {}
-    for mode in MODES:
-        base = result[f"{mode}/{names[0]}"]
-        for name in names:
-            ratios = [b / r for b, r in zip(base, result[f"{mode}/{name}"], strict=True)]
-            summary[f"{mode}/{name}"] = statistics.median(ratios)
-            print(f"  {mode:<6} {name:<22} {statistics.median(result[f'{mode}/{name}']):>9,.0f} tok/s   time vs "
-                  f"{names[0]} {statistics.median(ratios):.3f}x (rounds {min(ratios):.3f}-{max(ratios):.3f})")
-    return summary
+    return report_ratios(result, MODES, list(memories(args.mem_len, args.rate)))
 
 
 if __name__ == "__main__":

@@ -9,14 +9,13 @@ beginning every ``--doc-len`` tokens in every row, at a different phase per row 
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from xl.bench.runner import SegmentRunner, token_stream
-from xl.bench.shared import CONFIG_S, median_rate
+from xl.bench.shared import CONFIG_S, median_rate, report_ratios
 from xl.documents import Documents
 from xl.model import TransformerXL, XLConfig, XLOutput
 
@@ -79,15 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     result = rates(cfg, args.batch, args.tgt_len, args.steps, args.doc_len, args.rounds)
     print(f"config S, batch {args.batch}, tgt_len {args.tgt_len}, mem_len {cfg.mem_len}, a document every "
           f"{args.doc_len} tokens, {args.threads} thread(s), {args.rounds} interleaved rounds")
-    summary = {}
-    for mode in ("train", "eval"):
-        base = result[f"{mode}/none"]
-        for c in CONDITIONS:
-            ratios = [b / r for b, r in zip(base, result[f"{mode}/{c}"], strict=True)]
-            summary[f"{mode}/{c}"] = statistics.median(ratios)
-            print(f"  {mode:<5} {c:<10} {statistics.median(result[f'{mode}/{c}']):>9,.0f} tok/s   "
-                  f"time vs none {statistics.median(ratios):.3f}x (rounds {min(ratios):.3f}-{max(ratios):.3f})")
-    return summary
+    return report_ratios(result, ("train", "eval"), list(CONDITIONS))
 
 
 if __name__ == "__main__":

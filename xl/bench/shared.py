@@ -22,6 +22,22 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def report_ratios(result: dict[str, list[float]], modes: tuple[str, ...], names: list[str]) -> dict[str, float]:
+    """Print, per mode and name, the median tokens/s of interleaved rounds (``result["<mode>/<name>"]``) and the
+    median time per token against ``names[0]`` in the same rounds; return those ratios by ``"<mode>/<name>"``."""
+    width = max(map(len, names))
+    summary = {}
+    for mode in modes:
+        base = result[f"{mode}/{names[0]}"]
+        for name in names:
+            rates = result[f"{mode}/{name}"]
+            ratios = [b / r for b, r in zip(base, rates, strict=True)]
+            summary[f"{mode}/{name}"] = statistics.median(ratios)
+            print(f"  {mode:<6} {name:<{width}} {statistics.median(rates):>9,.0f} tok/s   time vs {names[0]} "
+                  f"{statistics.median(ratios):.3f}x (rounds {min(ratios):.3f}-{max(ratios):.3f})")
+    return summary
+
+
 def median_rate(run: Callable[[], object], work: float, warmup: int, repeats: int) -> float:
     """Median of ``work / seconds`` over ``repeats`` timed calls of ``run``, after ``warmup`` untimed ones."""
     for _ in range(warmup):
