@@ -61,25 +61,24 @@ def decode_steps(model: TransformerXL, batch: int, steps: int) -> Callable[[], N
 def rates(mem_len: int, rate: int, batch: int, tgt_len: int, steps: int, decode: int,
           rounds: int) -> dict[str, list[float]]:
     """Per memory and mode, the tokens/s of each round (median of 3 timed repeats after a warm-up)."""
-    runs: dict[str, tuple[Callable[[], None], int, TransformerXL, bool]] = {}
+    runs: dict[str, tuple[Callable[[], None], int]] = {}
     for name, overrides in memories(mem_len, rate).items():
         torch.manual_seed(0)
         cfg = XLConfig(**{**CONFIG_S, **overrides})
         stream = token_stream(cfg, batch, tgt_len, 16)
         for mode in MODES:
-            model = TransformerXL(cfg)  # one per mode: training changes the weights
+            # One model per mode, left in its mode: training changes the weights; the evaluation runner and the
+            # decoder run without gradients themselves.
+            model = TransformerXL(cfg)
             if mode == "decode":
-                run, work = decode_steps(model.eval(), batch, decode), batch * decode
+                runs[f"{mode}/{name}"] = decode_steps(model, batch, decode), batch * decode
             else:
                 runner = SegmentRunner(model, stream, tgt_len, train=mode == "train")
-                run, work = (lambda r=runner: r.run(steps)), batch * tgt_len * steps
-            runs[f"{mode}/{name}"] = (run, work, model, mode == "train")
+                runs[f"{mode}/{name}"] = (lambda r=runner: r.run(steps)), batch * tgt_len * steps
     out: dict[str, list[float]] = {key: [] for key in runs}
     for _ in range(rounds):
-        for key, (run, work, model, train) in runs.items():
-            model.train(train)
-            with torch.set_grad_enabled(train):
-                out[key].append(median_rate(run, work, 1, 3))
+        for key, (run, work) in runs.items():
+            out[key].append(median_rate(run, work, 1, 3))
     return out
 
 
