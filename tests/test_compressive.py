@@ -412,7 +412,7 @@ def test_training_resumes_both_memories_exactly_and_logs_the_reconstruction_loss
     checkpoint carries ``compressed ∘ memory`` per layer, and the compressor's weights and optimizer state. Every
     line is a document, so the document masks hide slots in every segment."""
     from tests.test_documents import SEP
-    from tests.test_resume import STEPS, STOP_AT, fit, resume_cfg
+    from tests.test_resume import STOP_AT, assert_resumed_as_unbroken, fit, resume_cfg
 
     extra = ("memory=compressive", "memory.cmem_len=8", *SEP)
     whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole", *extra))
@@ -423,11 +423,7 @@ def test_training_resumes_both_memories_exactly_and_logs_the_reconstruction_loss
     assert saved["xl"]["train_memory"].shape == (1, 2, 4, 16 + 8, 32)  # both memories full by then
     second, second_losses = fit(resume_cfg(tmp_path, corpus, "second", *extra,
                                            f"ckpt_path={tmp_path / 'first' / 'run'}"))
-    assert sorted(second_losses) == list(range(STOP_AT + 1, STEPS + 1))
-    for step in second_losses:
-        assert second_losses[step] == whole_losses[step], f"step {step} differs after resume"
-    for (name, a), b in zip(whole.module.state_dict().items(), second.module.state_dict().values(), strict=True):
-        assert torch.equal(a, b), name
+    assert_resumed_as_unbroken(whole, whole_losses, second, second_losses)
 
 
 def test_resume_with_another_compressed_memory_is_refused(tmp_path, corpus):

@@ -44,6 +44,15 @@ def fit(cfg) -> tuple:
     return run, recorder.losses
 
 
+def assert_resumed_as_unbroken(whole, whole_losses: dict, second, second_losses: dict) -> None:
+    """A run resumed at STOP_AT trains the remaining steps with the unbroken run's losses and ends with its weights."""
+    assert sorted(second_losses) == list(range(STOP_AT + 1, STEPS + 1))
+    for step in second_losses:
+        assert second_losses[step] == whole_losses[step], f"step {step} differs after resume"
+    for (name, a), b in zip(whole.module.state_dict().items(), second.module.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_resume_mid_epoch_is_exact(tmp_path, corpus):
     whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole"))
     assert sorted(whole_losses) == list(range(1, STEPS + 1))
@@ -56,11 +65,7 @@ def test_resume_mid_epoch_is_exact(tmp_path, corpus):
 
     # Resume by naming the run folder: its checkpoints/last.ckpt is found.
     second, second_losses = fit(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={tmp_path / 'first' / 'run'}"))
-    assert sorted(second_losses) == list(range(STOP_AT + 1, STEPS + 1))
-    for step in second_losses:
-        assert second_losses[step] == whole_losses[step], f"step {step} differs after resume"
-    for (name, a), b in zip(whole.module.state_dict().items(), second.module.state_dict().values(), strict=True):
-        assert torch.equal(a, b), name
+    assert_resumed_as_unbroken(whole, whole_losses, second, second_losses)
 
 
 def test_resume_with_another_memory_length_is_refused(tmp_path, corpus):
