@@ -231,8 +231,14 @@ class XLLitModule(L.LightningModule):
         if position and not self._window:
             rank_zero_warn(f"resumed inside a window of memory.grad_segments={self.grad_segments} segments: its "
                            f"first {position} segment(s), before the checkpoint, add nothing to its gradient")
-        # Lightning's own test for an optimizer step after this batch (accumulation reached, or the epoch's end).
-        return position == self.grad_segments - 1 or not self.trainer.fit_loop._should_accumulate()
+        return position == self.grad_segments - 1 or self.optimizer_steps_after(batch_idx)
+
+    def optimizer_steps_after(self, batch_idx: int) -> bool:
+        """Whether Lightning steps the optimizer after this batch: its accumulation is reached (counted from the
+        epoch's first batch, as Lightning counts it, also in an epoch resumed midway), or the epoch ends. The
+        ordered loader is sized, so ``num_training_batches`` is where the epoch ends."""
+        trainer = self.trainer
+        return (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 >= trainer.num_training_batches
 
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         """With ``grad_segments`` > 1: keep the window's losses and back-propagate their sum when it closes (the
@@ -293,11 +299,30 @@ class XLLitModule(L.LightningModule):
         if scaler is None:
             optimizer.found_inf = bad.float()
         else:
-            bad = agree_across_ranks(loss_bad) | (bad & (scaler._scale <= 1))
+            scale = scaler.scale(torch.ones((), device=bad.device))  # the current scale, read on the device
+            bad = agree_across_ranks(loss_bad) | (bad & (scale <= 1))
         bad = bad.long()
         self._nonfinite_run = (self._nonfinite_run + 1) * bad
         self._nonfinite_worst = torch.maximum(self._nonfinite_worst, self._nonfinite_run)
         self._nonfinite_total = self._nonfinite_total + bad
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip as Lightning would (``trainer.gradient_clip_val``, ``gradient_clip_algorithm``). Lightning's
+        mixed-precision plugin refuses to clip for an optimizer that unscales its gradients inside its step (the fused
+        AdamW), scaler or not; with no GradScaler (32-true, bf16) there is nothing to unscale, so the gradients are
+        clipped here with torch's own functions. Under 16-mixed the optimizer is not fused and Lightning clips, after
+        the scaler has unscaled the gradients."""
+        if not gradient_clip_val:
+            return
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.global_step % self.trainer.log_every_n_steps == 0:
@@ -386,8 +411,11 @@ class XLLitModule(L.LightningModule):
         memory stays on the CPU here (Lightning moves the module after this hook); the first step moves it.
         """
         state = checkpoint.get(XL_KEY)
-        trainer = self._trainer
-        if state is None or trainer is None or trainer.state.fn != TrainerFn.FITTING:
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # not attached to a Trainer (load_from_checkpoint)
+            return
+        if state is None or trainer.state.fn != TrainerFn.FITTING:
             return
         world, rank = trainer.world_size, trainer.global_rank
         memory, rng = state["train_memory"], state["rng"]
@@ -428,11 +456,6 @@ class XLLitModule(L.LightningModule):
             [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=o.lr, betas=o.betas, eps=o.eps, fused=not scaled, foreach=True if scaled else None,
         )
-        if not scaled:
-            # Lightning's mixed-precision plugin refuses to clip for any optimizer that says it unscales gradients
-            # inside its step, scaler or not. With no scaler (bf16-mixed) there is nothing to unscale, so this one
-            # says so; only a GradScaler ever reads the flag.
-            optimizer._step_supports_amp_scaling = False
         total = max(1, int(self.trainer.estimated_stepping_batches))
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: warmup_cosine(step, o.warmup_steps, total, o.min_lr_ratio)
