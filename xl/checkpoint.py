@@ -1,8 +1,9 @@
 """What a checkpoint holds beyond Lightning's own state, and reading one safely.
 
 Lightning saves weights, optimizer, scheduler, loop counters and the train loader's position. We add
-under ``checkpoint["xl"]`` what makes a resume exact: the model config, the tokenizer's fingerprint (so that
-another tokenizer of the same vocabulary size is refused), and the training memory and the random-number
+under ``checkpoint["xl"]`` what makes a resume exact: the model config, the identity of the data (what its token
+cache is keyed by) and the tokenizer's fingerprint (so that another corpus, or another tokenizer of the same
+vocabulary size, is noticed), and the training memory and the random-number
 generators' states of every rank (gathered, since only rank 0 writes the file).
 Checkpoints are read with ``weights_only=True``: no pickled code is ever executed.
 """
@@ -77,6 +78,12 @@ class Checkpoint:
     @property
     def model_config(self) -> dict[str, Any]:
         return self.state[XL_KEY]["model_config"]
+
+    @property
+    def data_identity(self) -> dict[str, Any] | None:
+        """The data the model was trained on (:attr:`xl.data.SegmentDataModule.identity`: the source with its document
+        rule, the tokenizer's settings, the corpus in words); None in checkpoints written before it was recorded."""
+        return self.state[XL_KEY].get("data")
 
     @property
     def train_memory(self) -> torch.Tensor | None:

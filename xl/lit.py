@@ -155,6 +155,7 @@ class XLLitModule(L.LightningModule):
         self.model = TransformerXL(self.config)
         self.memory = MemoryStore()
         self.tokenizer_fingerprint: str | None = None  # the data module's, from setup; saved in checkpoints
+        self.data_identity: dict[str, str] | None = None  # the data module's identity, from setup; likewise
         # Per stage: summed NLL, tokens and their UTF-8 bytes (reduced across ranks exactly), for the loss, the
         # unit's figure and bits per byte. No NaN checks inside: they would wait for the device every step.
         self.metrics = LMMetrics(unit)
@@ -258,6 +259,7 @@ class XLLitModule(L.LightningModule):
         table = getattr(self.trainer.datamodule, "token_bytes", None)
         self.metrics.set_token_bytes(table, self.config.vocab_size)
         self.tokenizer_fingerprint = getattr(self.trainer.datamodule, "tokenizer_fingerprint", None)
+        self.data_identity = getattr(self.trainer.datamodule, "identity", None)  # saved in checkpoints
         if stage != "fit" or self.grad_segments == 1:
             return
         trainer = self.trainer
@@ -399,6 +401,7 @@ class XLLitModule(L.LightningModule):
         checkpoint[XL_KEY] = {
             "model_config": self.config.to_dict(),
             "tokenizer": self.tokenizer_fingerprint,
+            "data": self.data_identity,
             "train_memory": self.memory.pack(self.all_gather, world),
             "rng": gather_rng_states(world),
         }

@@ -94,6 +94,13 @@ class SegmentDataModule(lightning.LightningDataModule):
         return fingerprint(self.tokenizer)
 
     @property
+    def identity(self) -> dict[str, str]:
+        """What the token cache is keyed by (the source with its document rule, the tokenizer's settings) and the
+        corpus in words; checkpoints record it, so that a run's data can be told from other data."""
+        return {"source": self.source.identity(), "tokenizer": self._new_tokenizer().key(),
+                "corpus": self.source.setting("train")}
+
+    @property
     def vocab_size(self) -> int:
         return self.cache.tokenizer.vocab_size
 
