@@ -14,6 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tests.test_data import TRICKY, write_corpus
 from xl.data import DataError, SegmentDataModule, make_tokenizer, sources
 from xl.data import cache as cache_module
+from xl.data import subwords as subwords_module
 from xl.data import tokenizers as tok_module
 from xl.data.cache import build_cache, cache_folder, open_cache
 from xl.data.tokenizers import default_cutoffs
@@ -118,8 +119,8 @@ def test_encoding_in_pieces_equals_one_encode_of_the_whole_text(monkeypatch, pre
     tok = make_tokenizer("bpe", vocab_size=300, pre_tokenizer=pre_tokenizer)
     tok.fit([text])
     whole = tok.hf.encode(text, add_special_tokens=False).ids
-    monkeypatch.setattr(tok_module, "PIECE_CHARS", 7)
-    assert len(tok_module._pieces(text)) > 40
+    monkeypatch.setattr(subwords_module, "PIECE_CHARS", 7)
+    assert len(subwords_module._pieces(text)) > 40
     assert tok.encode(text).tolist() == whole
     batch = tok.encode_batch([text, "", "x\ny", text])
     assert [b.tolist() for b in batch] == [whole, [], tok.hf.encode("x\ny").ids, whole]
@@ -267,7 +268,9 @@ def test_bad_tokenizer_files_and_settings_fail_at_once_naming_the_setting(tmp_pa
         file = kwargs.pop("file", None)
         with pytest.raises(DataError, match=message):
             datamodule(paths, cache_dir, "bpe", file, **kwargs)
-    with pytest.raises(DataError, match=r"data\.tokenizer_file is read by data\.tokenizer=bpe or unigram, not word"):
+    with pytest.raises(DataError, match=r"tokenizer_file is read by data\.tokenizer=word, bpe or unigram, not char"):
+        datamodule(paths, cache_dir, "char", good)
+    with pytest.raises(DataError, match=r"data\.tokenizer_file=.* is not a word vocabulary file"):
         datamodule(paths, cache_dir, "word", good)
     assert not cache_dir.exists()  # all refused before any work
 
