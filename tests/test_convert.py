@@ -1,0 +1,292 @@
+"""python -m xl.convert: a Hugging Face Transformer-XL converts, and matches the reference in float64.
+
+The fixture (tests/fixtures/transfo_xl, written by scripts/make_transfo_xl_fixture.py with transformers 4.57.6 in a
+venv of its own) holds a small random model with the WikiText-103 model's architecture and the reference's float64
+log-probabilities, losses and greedy continuation. The converted model must give them through its forward, through
+xl.evaluate's path and through its decoder; where transformers with Transformer-XL is importable, also live.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pickle
+import re
+import shutil
+from collections import Counter, OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from tests.conftest import CONF_DIR
+from xl.build import build_datamodule, build_trainer
+from xl.checkpoint import Checkpoint
+from xl.convert import ConversionError, convert
+from xl.convert.__main__ import main as convert_main
+from xl.convert.fetch import FetchError
+from xl.convert.vocab import LEGACY_TORCH_MAGIC, VocabularyError, read_pickle, vocabulary_from_pickle
+from xl.convert.weights import read_safetensors
+from xl.data.words import WordTokenizer
+from xl.evaluate import build_evaluator, evaluate
+from xl.generate import generate
+from xl.model import TransformerXL, XLConfig
+
+FIXTURE = Path(__file__).parent / "fixtures" / "transfo_xl"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_transfo_xl_fixture.py"
+REF = read_safetensors(FIXTURE / "reference.safetensors")
+META = json.loads((FIXTURE / "reference.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("converted") / "wt"
+    convert(FIXTURE, out)
+    return out
+
+
+def float64_model(run: Path) -> TransformerXL:
+    checkpoint = Checkpoint.open(run)
+    model = TransformerXL(XLConfig.from_dict(checkpoint.model_config)).double().eval()
+    checkpoint.check_weights(model)
+    model.load_state_dict(checkpoint.model_weights())
+    return model
+
+
+def segment_logprobs(model: TransformerXL, rows: torch.Tensor, tgt_len: int) -> torch.Tensor:
+    """Log-probabilities of every position of ``rows`` read in segments with the memory carried."""
+    mems, out = None, []
+    with torch.no_grad():
+        for start in range(0, rows.size(1) - 1, tgt_len):
+            result = model(rows[:, start:min(start + tgt_len, rows.size(1) - 1)], mems)
+            mems = result.mems
+            out.append(result.logits)
+    return torch.cat(out, dim=1)
+
+
+def test_converted_model_gives_the_reference_log_probabilities_in_float64(converted):
+    model = float64_model(converted)
+    assert model.config.cutoffs == (20, 40, 70) and model.config.div_val == 4 and model.config.same_length
+    assert (model.config.mem_len, model.config.clamp_len) == (META["mem_len"], META["clamp_len"])
+    logprobs = segment_logprobs(model, REF["rows"], META["tgt_len"])
+    torch.testing.assert_close(logprobs, REF["logprobs"], rtol=0, atol=1e-10)
+    nll = -logprobs.gather(-1, REF["rows"][:, 1:, None])[..., 0]
+    torch.testing.assert_close(nll, REF["nll"], rtol=0, atol=1e-10)
+    assert model.config.clamp_len < META["mem_len"] + META["tgt_len"]  # the clamp is exercised
+
+
+def test_converted_decoder_continues_greedily_like_the_reference(converted):
+    model = float64_model(converted)
+    prompt = REF["rows"][:, : META["prompt_len"]]
+    new = generate(model, prompt, META["new_tokens"], window=META["mem_len"], seg_len=META["seg_len"],
+                   temperature=0.0)
+    assert torch.equal(new, REF["greedy"])
+
+
+def test_word_tokenizer_gives_the_original_ids_and_decodes_back(converted):
+    tokenizer = WordTokenizer(file=converted / "vocab.json")
+    text = (FIXTURE / "text.txt").read_text(encoding="utf-8")
+    ids = tokenizer.encode(text)
+    assert ids.tolist() == REF["ids"].tolist()  # the script encodes by the original rule, line by line
+    assert tokenizer.eos_id == 0 and tokenizer.unk_id == 5 and tokenizer.vocab_size == 100
+    decoded = tokenizer.decode(ids)
+    words = [w if w in tokenizer.itos else "<unk>" for w in text.split()]  # unknown words read back as <unk>
+    assert decoded.split() == [w for w in (tokenizer.itos[i] for i in ids) if w != "<eos>"] == words
+    assert decoded.count("\n") == text.count("\n")
+
+
+def eval_config(run: Path, tmp_path: Path, *extra: str):
+    text = FIXTURE / "text.txt"
+    overrides = [f"ckpt={run}", "data=text", f"data.train={text}", f"data.val={text}", f"data.test={text}",
+                 "data.tokenizer=word", f"data.tokenizer_file={run / 'vocab.json'}", f"data.cache_dir={tmp_path}",
+                 f"data.batch_size={META['batch']}", f"data.tgt_len={META['tgt_len']}", "splits=[test]",
+                 f"paths.output_dir={tmp_path / 'eval'}", "+trainer.enable_progress_bar=false",
+                 "+trainer.enable_model_summary=false", *extra]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("evaluate", overrides=overrides)
+
+
+def test_evaluate_scores_the_reference_total(converted, tmp_path):
+    """xl.evaluate with the checkpoint's own evaluation context (memory 7, clamp 4, same_length) and the converted
+    vocabulary: float32 as run, then its module in float64 through the same Lightning test loop."""
+    cfg = eval_config(converted, tmp_path)
+    results = evaluate(cfg)["test"]
+    tokens = REF["nll"].numel()
+    assert results["test/tokens"] == tokens
+    assert results["test/loss"] * tokens == pytest.approx(META["total_nll"], rel=1e-5)
+    cfg = eval_config(converted, tmp_path, "trainer.precision=64-true")
+    checkpoint = Checkpoint.open(converted)
+    datamodule = build_datamodule(cfg)
+    module = build_evaluator(cfg, checkpoint, datamodule).double()
+    module.load_state_dict(checkpoint.state["state_dict"])  # the float64 tables unrounded
+    (results,) = build_trainer(cfg).test(module, datamodule=datamodule, verbose=False)
+    assert results["test/loss"] * tokens == pytest.approx(META["total_nll"], rel=0, abs=1e-9)
+
+
+def test_pytorch_model_bin_with_tied_copies_converts_to_the_same_weights(converted, tmp_path):
+    source = tmp_path / "bin"
+    source.mkdir()
+    for name in ("config.json", "vocab.pkl"):
+        shutil.copy(FIXTURE / name, source / name)
+    state = read_safetensors(FIXTURE / "model.safetensors")
+    for i in range(4):  # save_pretrained(safe_serialization=False) keeps the tied tensors under both names
+        state[f"crit.out_layers.{i}.weight"] = state[f"transformer.word_emb.emb_layers.{i}.weight"]
+    for i in range(1, 4):
+        state[f"crit.out_projs.{i}"] = state[f"transformer.word_emb.emb_projs.{i}"]
+    torch.save(state, source / "pytorch_model.bin")
+    convert(source, tmp_path / "out")
+    a, b = Checkpoint.open(converted).model_weights(), Checkpoint.open(tmp_path / "out").model_weights()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def edited_source(tmp_path: Path, **changes) -> Path:
+    source = tmp_path / "src"
+    shutil.copytree(FIXTURE, source)
+    config = json.loads((source / "config.json").read_text())
+    config.update(changes)
+    (source / "config.json").write_text(json.dumps(config))
+    return source
+
+
+@pytest.mark.parametrize("change, named", [
+    (dict(attn_type=1), "attn_type=1"), (dict(sample_softmax=100), "sample_softmax=100"),
+    (dict(pre_lnorm=True), "pre_lnorm=true"), (dict(adaptive=False), "adaptive=false"),
+    (dict(d_embed=32), "d_embed=32"), (dict(layer_norm_epsilon=1e-12), "layer_norm_epsilon=1e-12"),
+    (dict(ext_len=16), "ext_len=16"), (dict(cutoffs=[]), "cutoffs=[]"),
+])
+def test_unsupported_options_are_refused_naming_them_and_nothing_is_written(tmp_path, change, named):
+    with pytest.raises(ConversionError, match=f"unsupported option {re.escape(named)}"):
+        convert(edited_source(tmp_path, **change), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_shared_biases_and_untied_projections_map_too(tmp_path):
+    """untie_r=false: one (u, v) pair for every layer; proj_share_all_but_first=false: separate output projections."""
+    state = read_safetensors(FIXTURE / "model.safetensors")
+    state["transformer.r_w_bias"] = state.pop("transformer.layers.0.dec_attn.r_w_bias")
+    state["transformer.r_r_bias"] = state.pop("transformer.layers.0.dec_attn.r_r_bias")
+    for name in ("r_w_bias", "r_r_bias"):
+        del state[f"transformer.layers.1.dec_attn.{name}"]
+    for i in range(1, 4):
+        state[f"crit.out_projs.{i}"] = 2 * state[f"transformer.word_emb.emb_projs.{i}"]
+    source = edited_source(tmp_path, untie_r=False, tie_projs=[False, False, False, False])
+    (source / "model.safetensors").unlink()
+    torch.save(state, source / "pytorch_model.bin")
+    weights = Checkpoint.open(convert(source, tmp_path / "out")).model_weights()
+    for layer in range(2):
+        assert torch.equal(weights[f"layers.{layer}.attn.r_w_bias"], state["transformer.r_w_bias"])
+    assert torch.equal(weights["head.projs.2.weight"], state["crit.out_projs.2"])
+    assert torch.equal(weights["embed.projs.2.weight"], state["transformer.word_emb.emb_projs.2"])
+
+
+def test_a_stray_weight_or_a_vocabulary_of_another_size_is_refused(tmp_path):
+    state = read_safetensors(FIXTURE / "model.safetensors")
+    state["transformer.extra.weight"] = torch.zeros(2)
+    source = edited_source(tmp_path)
+    (source / "model.safetensors").unlink()
+    torch.save(state, source / "pytorch_model.bin")
+    with pytest.raises(ConversionError, match=r"transformer\.extra\.weight.*does not explain"):
+        convert(source, tmp_path / "out")
+    with pytest.raises(ConversionError, match=r"vocab\.pkl has 100 words but config\.json a vocabulary of 120"):
+        convert(edited_source(tmp_path / "b", vocab_size=120, cutoffs=[20, 40, 70]), tmp_path / "out")
+
+
+def the_vocabulary() -> dict:
+    return read_pickle(FIXTURE / "vocab.pkl")
+
+
+def test_vocabulary_reads_alike_from_a_plain_pickle_and_both_torch_formats(tmp_path):
+    vocab = the_vocabulary()
+    assert isinstance(vocab["sym2idx"], OrderedDict) and isinstance(vocab["counter"], Counter)
+    plain, zipped = tmp_path / "plain.pkl", tmp_path / "zip.pkl"
+    plain.write_bytes(pickle.dumps(vocab, protocol=2))
+    torch.save(vocab, zipped)
+    texts = {vocabulary_from_pickle(p)[0] for p in (FIXTURE / "vocab.pkl", plain, zipped)}
+    assert len(texts) == 1
+    for protocol in range(6):
+        assert read_pickle(plain) == vocab == pickle.loads(pickle.dumps(vocab, protocol=protocol))
+
+
+class WritesAFile:
+    """A pickle that, loaded with pickle.load, would create a file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4])
+def test_a_hostile_vocabulary_is_refused_before_anything_runs(tmp_path, protocol):
+    target = tmp_path / "pwned"
+    vocab = the_vocabulary()
+    vocab["payload"] = WritesAFile(target)
+    hostile = tmp_path / "vocab.pkl"
+    hostile.write_bytes(pickle.dumps(vocab, protocol=protocol))
+    with pytest.raises(VocabularyError, match=r"names (builtins|io)\.open .* refused"):
+        read_pickle(hostile)
+    assert not target.exists()
+    legacy = tmp_path / "legacy.pkl"  # the torch legacy layout around it
+    legacy.write_bytes(b"".join(pickle.dumps(x, protocol=2) for x in (LEGACY_TORCH_MAGIC, 1001, {})) +
+                       pickle.dumps(vocab, protocol=2))
+    source = tmp_path / "src"
+    shutil.copytree(FIXTURE, source)
+    shutil.copy(legacy, source / "vocab.pkl")
+    with pytest.raises(VocabularyError, match=r"refused"):
+        convert(source, tmp_path / "out")
+    assert not target.exists() and not (tmp_path / "out").exists()
+    assert pickle.loads(hostile.read_bytes()) and target.exists()  # what an ordinary unpickler would have done
+
+
+def test_opcodes_that_build_objects_are_refused(tmp_path):
+    path = tmp_path / "v.pkl"
+    path.write_bytes(b"\x80\x02c__main__\nThing\n)\x81.")  # GLOBAL then NEWOBJ
+    with pytest.raises(VocabularyError, match=r"__main__\.Thing|NEWOBJ"):
+        read_pickle(path)
+    path.write_bytes(b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x94\x8c\x06system\x94\x93.")
+    with pytest.raises(VocabularyError, match=r"os\.system"):
+        read_pickle(path)
+
+
+def test_a_hub_id_offline_says_what_to_fetch_and_where(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FetchError, match=r"download config\.json, pytorch_model\.bin .* vocab\.pkl .* from "
+                                         r"https://huggingface\.co/transfo-xl/transfo-xl-wt103/tree/main into one "
+                                         r"folder, and give that folder as SRC"):
+        convert("transfo-xl/transfo-xl-wt103", tmp_path / "out")
+    with pytest.raises(SystemExit, match=r"error: SRC=.*nowhere is neither a folder nor a hub id"):
+        convert_main([str(tmp_path / "a" / "nowhere"), str(tmp_path / "out")])
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    with pytest.raises(ConversionError, match=r"OUT=.* exists and is not empty"):
+        convert(FIXTURE, tmp_path / "full")
+
+
+def reference_module():
+    """scripts/make_transfo_xl_fixture.py, where transformers with Transformer-XL is importable."""
+    pytest.importorskip("transformers.models.deprecated.transfo_xl.modeling_transfo_xl",
+                        reason="transformers 4.x (Transformer-XL) is not installed")
+    spec = importlib.util.spec_from_file_location("make_transfo_xl_fixture", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_live_comparison_with_transformers(converted):
+    ref = reference_module()
+    ref.float64_reference()
+    hf = ref.TransfoXLLMHeadModel.from_pretrained(FIXTURE).double().eval()
+    pos = hf.transformer.pos_emb
+    pos.inv_freq = 1 / (10000 ** (torch.arange(0.0, pos.demb, 2.0, dtype=torch.float64) / pos.demb))
+    ours = float64_model(converted)
+    rows = torch.randint(0, 100, (3, 23), generator=torch.Generator().manual_seed(os.getpid()))
+    mems, theirs = ref.empty_mems(hf, 3), []
+    with torch.no_grad():
+        for start in range(0, 22, 6):
+            result = hf(rows[:, start:min(start + 6, 22)], mems=mems)
+            mems = result.mems
+            theirs.append(result.prediction_scores)
+    torch.testing.assert_close(segment_logprobs(ours, rows, 6), torch.cat(theirs, 1), rtol=0, atol=1e-10)
