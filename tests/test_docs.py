@@ -9,8 +9,8 @@ Hydra's override grammar read exactly what a user's shell passes; the command is
 appended after the user's (``SCALE``: a tiny model, two steps, a few batches; later overrides win in Hydra and
 argparse). Commands run in a fresh folder holding small text files under the names the docs use (``WORKSPACE_FILES``),
 one block after another in document order, so a block that trains and then evaluates what it trained runs as such.
-``RUN`` and ``CKPT`` in a command stand for a run folder and its ``last.ckpt``, made by a tiny training first
-(``PLACEHOLDERS``).
+``RUN`` and ``CKPT`` in a command stand for a run folder and its ``last.ckpt``, made by a tiny training first;
+``SRC`` for a published-layout model folder (the test fixture), ``OUT`` for a new folder (``substitute``).
 
 Install commands are not run: they must be the CI's (``.ci/run``) or name an extra that ``pyproject.toml`` defines.
 Commands that cannot run here (a GPU, a cluster, a download, an account) are listed in ``SKIP`` with the reason; their
@@ -88,6 +88,7 @@ SCALE = {
     "xl.generate": ["max_new_tokens=4"],
     "xl.probe": ["--steps", "2", "--distances", "4", "16"],
     "xl.footprint": [],
+    "xl.convert": [],
     "xl.bench": ["--steps", "1", "--warmup", "0", "--repeats", "1", "--threads", "1", "--batch", "2",
                  "--tgt-len", "16"],
     "xl.bench.evalspeed": ["--attn-lens", "32", "--tgt-len", "16", "--batch", "2", "--positions", "2",
@@ -107,8 +108,8 @@ SCALE_UNLESS_SET = {  # appended unless the command sets the key itself
 # The files the docs' commands name, made in the folder the commands run in.
 WORKSPACE_FILES = ("train.txt", "valid.txt", "test.txt", "a.txt", "b.txt", "v.txt", "t.txt", "notes.txt",
                    "code.py", "prompt.txt")
-# Placeholder words of the docs -> what the test puts there (RUN, CKPT: a tiny training's folder and last.ckpt).
-PLACEHOLDERS = ("RUN", "CKPT")
+# Placeholder words of the docs (RUN, CKPT, SRC, OUT): see substitute().
+FIXTURE_MODEL = ROOT / "tests" / "fixtures" / "transfo_xl"
 RUN_COMMAND = "python train.py data=text data.train=train.txt data.val=valid.txt data.test=test.txt"
 
 
@@ -348,15 +349,20 @@ def workspace(tmp_path, token_cache, monkeypatch):
 
 
 def substitute(text: str, workspace: Path, counter: list[int]) -> str:
-    if not re.search(r"\b(RUN|CKPT)\b", text):
+    """The placeholders of a command replaced by real paths: RUN and CKPT by a tiny training's folder and last.ckpt,
+    SRC by a published-layout Transformer-XL folder (the test fixture), OUT by a folder that does not exist yet."""
+    words = set(re.findall(r"\b(RUN|CKPT|SRC|OUT)\b", text))
+    if not words:
         return text
     counter[0] += 1
-    run = workspace / "placeholder-runs" / str(counter[0])
-    for argv in shell_argv(RUN_COMMAND + f" hydra.run.dir={run}", workspace, workspace / ".rec"):
-        run_python(argv[1:], workspace, counter[0])
-    ckpt = run / "checkpoints" / "last.ckpt"
-    assert ckpt.is_file(), f"the placeholder run wrote no {ckpt}"
-    return re.sub(r"\bCKPT\b", str(ckpt), re.sub(r"\bRUN\b", str(run), text))
+    paths = {"SRC": FIXTURE_MODEL, "OUT": workspace / "converted" / str(counter[0])}
+    if words & {"RUN", "CKPT"}:
+        run = workspace / "placeholder-runs" / str(counter[0])
+        for argv in shell_argv(RUN_COMMAND + f" hydra.run.dir={run}", workspace, workspace / ".rec"):
+            run_python(argv[1:], workspace, counter[0])
+        paths.update(RUN=run, CKPT=run / "checkpoints" / "last.ckpt")
+        assert paths["CKPT"].is_file(), f"the placeholder run wrote no {paths['CKPT']}"
+    return re.sub(r"\b(RUN|CKPT|SRC|OUT)\b", lambda m: str(paths[m.group()]), text)
 
 
 def run_block(commands: list[Command], workspace: Path) -> None:
@@ -401,3 +407,4 @@ def test_readme_shows_the_ci_command_and_the_main_job():
 def test_every_skipped_command_is_still_shown():
     shown = {c.key for _, block in markdown_blocks() + docstring_commands() for c in block}
     assert not set(SKIP) - shown, f"SKIP lists commands no document shows: {sorted(set(SKIP) - shown)}"
+
