@@ -290,3 +290,14 @@ def test_live_comparison_with_transformers(converted):
             mems = result.mems
             theirs.append(result.prediction_scores)
     torch.testing.assert_close(segment_logprobs(ours, rows, 6), torch.cat(theirs, 1), rtol=0, atol=1e-10)
+
+
+def test_the_published_evaluation_config_sets_the_papers_context(converted, tmp_path, monkeypatch):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("evaluate", overrides=["+experiment=wt103_published", f"ckpt={converted}"])
+    assert cfg.data.source.name == "wikitext-103" and cfg.data.tokenizer_file == f"{converted}/vocab.json"
+    assert (cfg.data.eval_tgt_len, cfg.memory.eval_mem_len, cfg.memory.eval_clamp_len) == (128, 1600, 1000)
+    assert cfg.memory.eval_same_length and cfg.data.batch_size == 10
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(Exception, match=r"wikitext-103 cannot be fetched.*data=text data\.train=PATH"):
+        build_datamodule(cfg)

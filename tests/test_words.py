@@ -32,3 +32,77 @@ def test_word_level_adaptive_run_trains_tests_and_generates(tmp_path, corpus):
     prompt = torch.tensor([run.datamodule.tokenizer.encode("def main ( self")])
     sampled = generate(model, prompt, 8, window=16, seg_len=16, temperature=1.0, seed=0)
     assert sampled.shape == (1, 8) and int(sampled.max()) < vocab
+
+
+def vocabulary_file(tmp_path, words, **kw) -> str:
+    from xl.data.words import vocabulary_json
+
+    path = tmp_path / "vocab.json"
+    path.write_text(vocabulary_json(words, **kw), encoding="utf-8")
+    return str(path)
+
+
+def original_ids(text: str, sym2idx: dict, lower_case: bool, unk: str = "<unk>") -> list[int]:
+    """The original Transformer-XL rule, written out: each line stripped, lower-cased if asked, split on whitespace,
+    closed by <eos>; an unknown word is <unk>'s id."""
+    ids = []
+    for line in text.splitlines(keepends=True):
+        line = line.strip().lower() if lower_case else line.strip()
+        ids += [sym2idx.get(w, sym2idx[unk]) for w in line.split() + ["<eos>"]]
+    return ids
+
+
+def test_a_vocabulary_file_gives_its_own_ids_case_rule_and_symbols(tmp_path):
+    from xl.data.words import WordTokenizer
+
+    words = ["the", "<eos>", "zürich", "a", "<unk>", "of", "="]  # <eos> and <unk> anywhere, as the file says
+    text = " = Zürich = \n\nThe naïve a OF   the\n  \nlast line without newline"
+    for lower_case in (False, True):
+        tokenizer = WordTokenizer(file=vocabulary_file(tmp_path, words, lower_case=lower_case))
+        sym2idx = {w: i for i, w in enumerate(words)}
+        assert tokenizer.encode(text).tolist() == original_ids(text, sym2idx, lower_case)
+        assert (tokenizer.eos_id, tokenizer.unk_id, tokenizer.vocab_size) == (1, 4, 7)
+        tokenizer.fit(["ignored: a vocabulary file has nothing to learn"])
+        assert tokenizer.itos == words
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == "= zürich =\n\nthe <unk> a of the\n\n<unk> <unk> <unk> <unk>\n"
+    assert tokenizer.token_bytes().tolist() == [4, 1, 8, 2, 6, 3, 2]
+
+
+def test_vocabulary_files_are_checked_and_fingerprinted_by_content(tmp_path):
+    import pytest
+
+    from xl.data import DataError
+    from xl.data.tokenizers import fingerprint, make_tokenizer, tokenizer_from_dict
+    from xl.data.words import WordTokenizer
+
+    path = vocabulary_file(tmp_path, ["<eos>", "<unk>", "a"])
+    a = make_tokenizer("word", path)
+    assert fingerprint(a) == fingerprint(tokenizer_from_dict(a.to_dict())) == fingerprint(WordTokenizer(file=path))
+    assert a.key() != WordTokenizer().key()
+    other = vocabulary_file(tmp_path / "..", ["<eos>", "<unk>", "b"])
+    assert fingerprint(make_tokenizer("word", other)) != fingerprint(a)
+    bad = tmp_path / "bad.json"
+    for content, message in [("{", "not JSON"), ('{"format": "other"}', "not a word vocabulary file"),
+                             ('{"format": "xl-word-vocabulary", "words": ["a", "a"], "eos": "a", "unk": "a", '
+                              '"lower_case": false}', "distinct"),
+                             ('{"format": "xl-word-vocabulary", "words": ["a"], "eos": "<eos>", "unk": "a", '
+                              '"lower_case": false}', "eos symbol")]:
+        bad.write_text(content)
+        with pytest.raises(DataError, match=message):
+            make_tokenizer("word", bad)
+    with pytest.raises(DataError, match="leave them unset"):
+        make_tokenizer("word", path, min_freq=3)
+    with pytest.raises(DataError, match="does not exist"):
+        make_tokenizer("word", tmp_path / "missing.json")
+
+
+def test_a_fitted_vocabulary_keeps_its_layout_and_fingerprint_form():
+    from xl.data.tokenizers import fingerprint
+    from xl.data.words import WordTokenizer
+
+    tokenizer = WordTokenizer(min_freq=1)
+    tokenizer.fit(["b a b\nc b a\n"])
+    assert tokenizer.itos == ["<eos>", "<unk>", "b", "a", "c"] and (tokenizer.eos_id, tokenizer.unk_id) == (0, 1)
+    assert tokenizer.to_dict() == {"name": "word", "min_freq": 1, "max_size": None, "words": ["b", "a", "c"]}
+    assert fingerprint(WordTokenizer.from_dict(tokenizer.to_dict())) == fingerprint(tokenizer)
