@@ -3,10 +3,14 @@
 Each tokenizer's own unit (bits per byte or char, perplexity per word or subword token) cannot be compared
 across tokenizers. Bits per byte of the original text can: ``bpb = total nats / (UTF-8 bytes of the scored
 text × ln 2)``, where the scored text is that of the target tokens, each counted by the tokenizer's byte-length
-table (``token_bytes()`` in ``xl.data.tokenizers``). For the byte tokenizer it equals bits per token; for
-char and subword tokenizers the table is exact, so bpb is exact; for words it is as exact as the word table's
-definition of a word's bytes allows. Sums are kept as float64 nats and int64 token and byte counts, and summed
-across ranks, so the epoch figures are exact whatever the batch sizes.
+table (``token_bytes()`` in ``xl.data.tokenizers``). For the byte tokenizer it equals bits per token. For char and
+subword tokenizers the table is exact for every id but ``<unk>``; subwords never produce it. ``<unk>`` counts what
+its id can say, not what it replaced (the table has one length per id; the replaced text is not kept with the
+ids): for chars, one byte per character that the training split lacks (their real length is 1 to 4 bytes); for
+words, the 6 bytes of ``<unk>`` and its separator, which is the text itself where it writes ``<unk>`` (WikiText),
+and a word the vocabulary lacks counts those 6 bytes whatever its length. A word also counts one separator after
+it (``xl.data.words``). Sums are kept as float64 nats and int64 token and byte counts, and summed across ranks, so
+the epoch figures are exact whatever the batch sizes.
 """
 
 from __future__ import annotations

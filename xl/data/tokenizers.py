@@ -110,7 +110,14 @@ class CharTokenizer:
         return "".join(symbols[i] for i in np.asarray(ids).tolist())
 
     def token_bytes(self) -> np.ndarray:
-        """Each character's UTF-8 length; ``<unk>`` counts 1 (the character it replaced is not known)."""
+        """Each character's UTF-8 length; ``<unk>`` counts 1 byte.
+
+        The table holds one length per id, and ``<unk>`` stands for every character the training split lacks,
+        whatever its own UTF-8 length (1 to 4 bytes). Over text that holds such characters, bits per byte counts
+        each of them as one byte, and so reads higher than over the text's real bytes; the token cache's
+        ``meta.json`` gives each split's count of them (``unknown``), its real size (``bytes``) and the table's
+        count (``token_bytes``).
+        """
         return np.array([len(c.encode("utf-8")) for c in self.chars] + [1], dtype=np.int64)
 
     def key(self) -> str:
