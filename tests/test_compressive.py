@@ -9,7 +9,7 @@ from tests.helpers.reference import reference_attention
 from tests.test_model import TINY, make_model, run_segments
 from xl.compressive import Compressor, reconstruction_loss
 from xl.footprint import cache_footprint
-from xl.memory import MemoryStore, evicted_states, nbytes, split_memory, update_compressive_memory
+from xl.memory import CompressiveMemory, MemoryStore, nbytes, split_memory
 from xl.model import TransformerXL, XLConfig
 
 
@@ -69,8 +69,9 @@ def test_segments_equal_the_reference_that_keeps_both_memories(fn, seg_len, mem_
     with torch.no_grad():
         fast, mems = run_segments(model, tokens, seg_len)
     torch.testing.assert_close(fast, reference_compressive_logits(model, tokens, seg_len), rtol=1e-10, atol=1e-10)
-    # The stream is long enough to fill the compressed memory, and the memory tensor says how much of it there is.
-    assert mems[0].size(1) == mem_len + cmem_len
+    # The stream is long enough to fill the compressed memory: per layer its slots, then the memory's states.
+    n_layer = model.config.n_layer
+    assert [m.size(1) for m in mems] == [cmem_len] * n_layer + [mem_len] * n_layer
 
 
 # --- one-token decoding -------------------------------------------------------------------------------------------
@@ -100,6 +101,48 @@ def test_every_fed_token_equals_the_reference_that_compresses_whole_groups(fn, r
     want = want[:, prompt_len - 1:] if prompt_len else want
     torch.testing.assert_close(torch.stack(got, 1), want, rtol=1e-10, atol=1e-10)
     assert decoder.slots == cmem_len
+
+
+def read_in_segments(model: TransformerXL, tokens: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """Logits of the model's forward over ``tokens`` read in segments of these lengths, the memory carried."""
+    mems, logits, start = None, [], 0
+    for length in lengths:
+        out = model(tokens[:, start:start + length], mems)
+        mems, start = out.mems, start + length
+        logits.append(out.logits)
+    return torch.cat(logits, 1)
+
+
+@pytest.mark.parametrize("fn", ["mean", "conv"])
+@pytest.mark.parametrize("rate,mem_len,cmem_len,seg_len", [
+    (3, 4, 2, 5),  # neither mem_len nor the segment a multiple of the rate
+    (3, 5, 2, 3),
+    (2, 3, 3, 4),
+    (4, 6, 1, 7),
+    (3, 7, 2, 128),  # the whole prompt in one segment (xl.generate's default segment at rate 3)
+])
+def test_the_decoder_equals_the_forward_pass_for_any_prompt_length(fn, rate, mem_len, cmem_len, seg_len):
+    """For every prompt length 1 … 3·rate, with no documents: the prefill's logits and every fed token's are those of
+    the model's forward read in the same segments (the prompt's, then one token each), and of the reference that
+    keeps the whole history by hand, far past both memories (float64)."""
+    model = make_model(mem_len=mem_len, cmem_len=cmem_len, cmem_rate=rate, cmem_fn=fn)
+    if fn == "conv":
+        perturb_compressor(model)
+    fed_len = 2 * (mem_len + rate * cmem_len) + rate
+    for prompt_len in range(1, 3 * rate + 1):
+        text = torch.randint(0, TINY["vocab_size"], (2, prompt_len + fed_len),
+                             generator=torch.Generator().manual_seed(prompt_len))
+        decoder = model.decoder(2)
+        got = [decoder.prefill(text[:, :prompt_len], seg_len)]
+        got += [decoder.feed(text[:, t]) for t in range(prompt_len, text.size(1))]
+        lengths = [seg_len] * (prompt_len // seg_len) + [prompt_len % seg_len] * bool(prompt_len % seg_len)
+        lengths += [1] * fed_len
+        with torch.no_grad():
+            forward = read_in_segments(model, text, lengths)[:, prompt_len - 1:]
+        torch.testing.assert_close(torch.stack(got, 1), forward, rtol=1e-10, atol=1e-10)
+        reference = reference_compressive_logits(model, text, lengths)[:, prompt_len - 1:]
+        torch.testing.assert_close(forward, reference, rtol=1e-10, atol=1e-10)
+        assert decoder.slots == cmem_len
 
 
 # --- documents ----------------------------------------------------------------------------------------------------
@@ -205,7 +248,7 @@ def test_cmem_len_zero_is_the_plain_model_bit_for_bit():
     tokens = torch.randint(0, TINY["vocab_size"], (2, 25), generator=torch.Generator().manual_seed(0))
     plain = make_model(mem_len=8)
     other = make_model(mem_len=8, cmem_len=0, cmem_rate=5, cmem_fn="mean")
-    assert other.compressor is None and plain.state_dict().keys() == other.state_dict().keys()
+    assert not hasattr(other, "compressor") and plain.state_dict().keys() == other.state_dict().keys()
     for model in (plain, other):
         model.train()
     outs = []
@@ -261,23 +304,55 @@ def test_the_learned_compressor_is_a_convolution_with_kernel_and_stride_rate():
     torch.testing.assert_close(comp(1, states), conv, rtol=1e-12, atol=1e-12)
 
 
+def compressive_memory(mem_len: int, cmem_len: int, rate: int, d: int = 4) -> CompressiveMemory:
+    """A one-layer compressive memory with mean pooling, in float64, outside a model."""
+    memory = CompressiveMemory(XLConfig(n_layer=1, d_model=d, mem_len=mem_len, cmem_len=cmem_len, cmem_rate=rate,
+                                        cmem_fn="mean"))
+    memory.build()
+    return memory
+
+
+def update(memory: CompressiveMemory, state: list, h: torch.Tensor, mem_len: int) -> list:
+    return memory.update(state, [h], h, mem_len=mem_len, attached=False, dtype=h.dtype, layers=None, kv=None).state
+
+
 def test_compressed_memory_holds_the_evicted_states_compression_in_order():
     mem_len, cmem_len, rate, seg = 6, 4, 2, 4
-    comp = Compressor(1, 3, rate, "mean").double()
-    mems = [torch.zeros(2, 0, 3, dtype=torch.float64)]
+    memory = compressive_memory(mem_len, cmem_len, rate)
+    state = memory.init(2, torch.device("cpu"), torch.float64)
     seen = []
     for _ in range(7):
-        h = torch.randn(2, seg, 3, dtype=torch.float64)
-        evicted = evicted_states(mems[0], h, mem_len, cmem_len)
-        mems = update_compressive_memory(mems, [h], [comp(0, evicted)], mem_len, cmem_len)
+        h = torch.randn(2, seg, 4, dtype=torch.float64)
+        state = update(memory, state, h, mem_len)
         seen.append(h)
         history = torch.cat(seen, 1)
         old, kept = history[:, :max(0, history.size(1) - mem_len)], history[:, -mem_len:]
-        groups = old.view(2, -1, rate, 3).mean(2)[:, -cmem_len:]
-        compressed, memory = split_memory(mems[0], mem_len, cmem_len)
-        assert torch.equal(memory, kept)
+        groups = old.view(2, -1, rate, 4).mean(2)[:, -cmem_len:]
+        compressed, memory_states = state
+        assert torch.equal(memory_states, kept)
         torch.testing.assert_close(compressed, groups, rtol=0, atol=1e-15)
-        assert not mems[0].requires_grad
+        assert not any(t.requires_grad for t in state)
+
+
+@pytest.mark.parametrize("mem_len,rate", [(5, 3), (4, 3), (0, 2), (7, 4)])
+@pytest.mark.parametrize("lengths", [[1] * 20, [3, 5, 2, 7, 1, 2], [4, 4, 4, 4, 4], [13, 7]])
+def test_the_memory_after_a_text_is_the_same_whatever_its_segments(mem_len, rate, lengths):
+    """States leave in whole groups counted from the stream's start, so the memory after a text does not depend on how
+    it was cut into segments: the reference groups the whole history by hand."""
+    cmem_len = 3
+    memory = compressive_memory(mem_len, cmem_len, rate)
+    history = torch.randn(2, sum(lengths), 4, dtype=torch.float64)
+    state, at = memory.init(2, torch.device("cpu"), torch.float64), 0
+    for length in lengths:
+        state = update(memory, state, history[:, at:at + length], mem_len)
+        at += length
+        past = history[:, :at]
+        groups = max(0, at - mem_len) // rate
+        slots = [past[:, g * rate:(g + 1) * rate].mean(1) for g in range(groups)][-cmem_len:]
+        assert torch.equal(state[1], past[:, groups * rate:])
+        assert state[0].size(1) == len(slots)
+        if slots:
+            torch.testing.assert_close(state[0], torch.stack(slots, 1), rtol=0, atol=1e-15)
 
 
 def test_split_memory_refuses_a_memory_longer_than_both():
@@ -355,7 +430,8 @@ def test_cached_keys_and_values_give_the_same_evaluation(seg_len, mem_len, cmem_
         for start in range(0, 50, seg_len):
             out = model(tokens[:, start:start + seg_len], mems, cache_kv=True, kv=kv)
             mems, kv = out.mems, out.kv
-            assert all(k.size(2) == m.size(1) for (k, _), m in zip(kv, mems, strict=True))
+            n = model.config.n_layer  # the state: each layer's slots, then each layer's states
+            assert all(k.size(2) == c.size(1) + m.size(1) for (k, _), c, m in zip(kv, mems[:n], mems[n:], strict=True))
             cached.append(out.logits)
     torch.testing.assert_close(torch.cat(cached, 1), plain, rtol=1e-12, atol=1e-12)  # the short last segment too
 
@@ -409,7 +485,7 @@ def test_refused_combinations_are_one_sentence():
 
 def test_training_resumes_both_memories_exactly_and_logs_the_reconstruction_loss(tmp_path, corpus):
     """A fit stopped mid-epoch and resumed from its checkpoint gives the unbroken run's losses and weights: the
-    checkpoint carries ``compressed ∘ memory`` per layer, and the compressor's weights and optimizer state. Every
+    checkpoint carries both memories of every layer, and the compressor's weights and optimizer state. Every
     line is a document, so the document masks hide slots in every segment."""
     from tests.test_documents import SEP
     from tests.test_resume import STOP_AT, assert_resumed_as_unbroken, fit, resume_cfg
@@ -420,7 +496,8 @@ def test_training_resumes_both_memories_exactly_and_logs_the_reconstruction_loss
     assert "train/recon_loss" in whole.trainer.callback_metrics
     fit(resume_cfg(tmp_path, corpus, "first", *extra, f"trainer.max_steps={STOP_AT}"))
     saved = torch.load(tmp_path / "first" / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert saved["xl"]["train_memory"].shape == (1, 2, 4, 16 + 8, 32)  # both memories full by then
+    # Both memories full by then: per layer the slots, then per layer the states, of every rank.
+    assert [tuple(t.shape) for t in saved["xl"]["train_memory"]] == [(1, 4, 8, 32)] * 2 + [(1, 4, 16, 32)] * 2
     second, second_losses = fit(resume_cfg(tmp_path, corpus, "second", *extra,
                                            f"ckpt_path={tmp_path / 'first' / 'run'}"))
     assert_resumed_as_unbroken(whole, whole_losses, second, second_losses)

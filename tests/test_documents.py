@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import xl.model
+import xl.memory.base
 from tests.conftest import compose_config, tiny_overrides
 from xl.attention import TrainingAttentionCPU, rel_shift
 from xl.build import build_run
@@ -126,8 +126,8 @@ def test_a_batch_without_a_boundary_in_reach_uses_the_plain_mask(monkeypatch):
     tokens = torch.randint(0, 32, (2, 4), generator=torch.Generator().manual_seed(5))
     mems = model(torch.randint(0, 32, (2, 8)), mem_len=8).mems
     calls = []
-    real = xl.model.document_mask
-    monkeypatch.setattr(xl.model, "document_mask", lambda *a: calls.append(1) or real(*a))
+    real = xl.memory.base.document_mask
+    monkeypatch.setattr(xl.memory.base, "document_mask", lambda *a: calls.append(1) or real(*a))
     with torch.no_grad():
         plain = model(tokens, mems).logits
         # Every row's document began 8 tokens before the segment: the memory holds nothing of another document.
@@ -155,7 +155,7 @@ def test_training_attention_backward_with_a_per_row_mask():
     starts = torch.zeros(B, L, dtype=torch.bool)
     starts[0, 2] = starts[1, 0] = starts[1, 3] = True
     pos = positions(starts, torch.tensor([1, 9, 2]))
-    mask = xl.model.document_mask(plain, pos, M)
+    mask = xl.memory.base.document_mask(plain, pos, M)
     assert mask.shape == (B, 1, L, K) and torch.isinf(mask).any(-1).any()
     grad_out = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)
     fast = TrainingAttentionCPU.apply(*tensors, mask, 0.3, None)
@@ -449,14 +449,14 @@ def test_training_with_boundaries_never_waits_for_the_device(tmp_path, corpus):
                          "trainer.num_sanity_val_steps=0")
     run = build_run(cfg)
     calls = []
-    real = xl.model.document_mask
-    xl.model.document_mask = lambda *a: calls.append(1) or real(*a)
+    real = xl.memory.base.document_mask
+    xl.memory.base.document_mask = lambda *a: calls.append(1) or real(*a)
     watch = HostSyncWatch()
     run.trainer.callbacks.insert(0, watch)
     try:
         run.trainer.fit(run.module, datamodule=run.datamodule)
     finally:
-        xl.model.document_mask = real
+        xl.memory.base.document_mask = real
     assert run.trainer.global_step == 4 and len(calls) == 4  # every step builds one per-row mask for its layers
     assert watch.reads == [], f"host reads of device values during training steps: {watch.reads}"
 

@@ -81,7 +81,9 @@ def test_compressed_slots_are_counted_in_the_cache_and_the_command(capsys):
             train = model(x, None if train is None else train.mems)
             eval_ = model(x, None if eval_ is None else eval_.mems, mem_len=eval_mem_len, cache_kv=True,
                           kv=None if eval_ is None else eval_.kv)
-    assert train.mems[0].size(1) == 6 + 4 and eval_.mems[0].size(1) == eval_mem_len + 4
+    n = config.n_layer  # the state: each layer's compressed slots, then each layer's states
+    assert [m.size(1) for m in train.mems] == [4] * n + [6] * n
+    assert [m.size(1) for m in eval_.mems] == [4] * n + [eval_mem_len] * n
     keys_values = sum(t.numel() * t.element_size() for pair in eval_.kv for t in pair)
     estimate = run_footprint(config, batch_size=B, tgt_len=4, eval_batch_size=B, eval_mem_len=eval_mem_len)
     assert estimate.train_memory == nbytes(train.mems) == (6 + 4) * config.d_model * config.n_layer * B * 4

@@ -260,7 +260,7 @@ def test_memory_of_layer_n_is_input_of_layer_n():
     for n in range(n_layer):
         # Memory given to layer n in segment 2 = what entered layer n in segment 1 = layer n-1's output.
         produced = emb[0] if n == 0 else seen[n - 1][0][1][0]  # a layer returns (output, (keys, values))
-        (h2, mem2, *_), _ = seen[n][1]
+        (h2, [mem2], *_), _ = seen[n][1]  # the memory's pieces: the plain cache is one
         torch.testing.assert_close(mem2, produced)
         # New memory = last 5 of (old memory ∘ segment 2's layer input).
         torch.testing.assert_close(second.mems[n], torch.cat([produced, h2], 1)[:, -5:])

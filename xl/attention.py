@@ -135,10 +135,12 @@ class RelMultiHeadAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(d_head)
 
     def forward(
-        self, h: Tensor, mem: Tensor, pos_emb: Tensor, mask: Tensor, mem_kv: tuple[Tensor, Tensor] | None = None
+        self, h: Tensor, mem: Tensor | list[Tensor], pos_emb: Tensor, mask: Tensor,
+        mem_kv: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """h: [B, L, d] layer input; mem: [B, M, d] cached layer inputs (detached, or attached inside a window of
-        memory.grad_segments);
+        memory.grad_segments), or a list of such pieces attended as one memory, oldest first (projected apart and
+        joined with the segment's keys in one copy);
         pos_emb: [M+L, d] embeddings of distances M+L-1 .. 0; mask: additive (0 / -inf), [L, M+L] shared by
         every row, or [B, 1, L, M+L] per row (document boundaries, :mod:`xl.documents`), broadcast over heads;
         mem_kv: the memory's keys and values [B, H, M, D] if already projected (evaluation: the weights
@@ -152,12 +154,17 @@ class RelMultiHeadAttention(nn.Module):
         # Layer norm acts per position, so norming memory and segment apart equals norming the concatenation.
         x = self.layer_norm(h) if self.pre_lnorm else h
         k, v = self._project_kv(x)
-        if mem.size(1):
-            # Projected apart from the segment: a detached memory then costs no input gradient (an attached one,
-            # inside a window of memory.grad_segments, gets it through this projection), and in evaluation its
-            # keys/values may come already projected.
-            k_mem, v_mem = self.project_memory(mem) if mem_kv is None else mem_kv
-            k, v = torch.cat([k_mem, k], dim=2), torch.cat([v_mem, v], dim=2)
+        # Projected apart from the segment: a detached memory then costs no input gradient (an attached one, inside a
+        # window of memory.grad_segments, gets it through this projection), and in evaluation its keys/values may
+        # come already projected.
+        if mem_kv is not None:
+            if mem_kv[0].size(2):
+                k, v = torch.cat([mem_kv[0], k], dim=2), torch.cat([mem_kv[1], v], dim=2)
+        else:
+            pieces = [self.project_memory(m) for m in ([mem] if isinstance(mem, Tensor) else mem) if m.size(1)]
+            if pieces:
+                k = torch.cat([*(k_m for k_m, _ in pieces), k], dim=2)
+                v = torch.cat([*(v_m for _, v_m in pieces), v], dim=2)
         K = k.size(2)
         q = self.q_net(x).view(B, L, H, D)
         # Batching over heads with the B·L queries as rows shares r across the batch.

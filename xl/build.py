@@ -33,6 +33,7 @@ from xl.config import ConfigError
 from xl.data import DataError, make_tokenizer
 from xl.footprint import NAMES, PRECISION_BYTES, SETTINGS, GiB, RunFootprint, available_memory, run_footprint, verdict
 from xl.lit import OptimConfig, XLLitModule
+from xl.memory import packed_size
 from xl.model import MEM_DTYPES, XLConfig
 
 log = logging.getLogger(__name__)
@@ -450,9 +451,10 @@ def check_checkpoint(cfg: DictConfig, module: XLLitModule, datamodule: Any) -> s
     check_compatible(checkpoint.model_config, module.config.to_dict(), resuming=bool(cfg.train), path=path)
     checkpoint.check_weights(module.model, "ckpt_path")
     memory = checkpoint.train_memory
-    if cfg.train and memory is not None and memory.size(2) != cfg.data.batch_size:
+    rows = None if memory is None else packed_size(memory)[1]
+    if cfg.train and rows is not None and rows != cfg.data.batch_size:
         raise CheckpointError(
-            f"ckpt_path={path} was trained with data.batch_size={memory.size(2)} (this run: {cfg.data.batch_size}); "
+            f"ckpt_path={path} was trained with data.batch_size={rows} (this run: {cfg.data.batch_size}); "
             "resume with the checkpoint's batch size"
         )
     return str(path)

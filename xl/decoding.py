@@ -14,14 +14,14 @@ relative term, Dai et al., 2019, section 3.3), so the projected keys and values 
 valid as the window slides, and the projected embeddings of distances 0 … window are the same at every
 step. Both are computed once, unlike the 2019 code, which re-projects the whole window for every token.
 
-Compressive memory (``cmem_len`` > 0, :mod:`xl.compressive`): the window slides as above, and each layer's states
-that leave it are compressed ``cmem_rate`` to 1 into compressed slots (at most ``cmem_len``, oldest dropped) whose
-keys and values are projected once, when the slot is made. A token attends over ``compressed ∘ memory ∘ itself``,
-distances counted in slots, as in the forward. States leave in whole groups: up to ``cmem_rate - 1`` states
-beyond the window stay in the memory, visible as ordinary positions, until a group is complete (the forward over a
-segment compresses what it evicts at once, padding a last short group). A prompt read in segments whose length
-the rate divides, then fed, thus keeps exactly the slots of the forward; with a rounded memory the slots are the
-rounded compression of the unrounded states.
+The memory's rule decides what leaves the window (:func:`xl.memory.leaving`, the rule of the forward pass too): the
+states beyond it, in whole groups of the memory's rate. A memory that keeps slots (the compressive memory,
+:mod:`xl.memory.compressive`) compresses each group that leaves into one slot (at most ``cmem_len``, oldest
+dropped), whose keys and values are projected once, when the slot is made; a token attends over ``slots ∘ memory ∘
+itself``, distances counted in slots, as in the forward. Up to ``rate - 1`` states beyond the window wait in the
+memory, visible as ordinary positions, until their group is complete, as in the forward: a prompt read in segments
+of any length, then fed, keeps exactly the forward's memory. With a rounded memory the slots are the rounded
+compression of the unrounded states.
 
 Documents (``memory.doc_boundaries=reset``, :mod:`xl.documents`): ``prefill(tokens, seg_len, starts)`` reads a
 prompt that holds several documents as the forward does, and ``reset_rows(rows)`` makes the next token fed to
@@ -33,60 +33,65 @@ begins on a group boundary reads exactly as from an empty memory; otherwise the 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import Tensor
 
 from xl.documents import Documents, key_offsets, positions
-from xl.memory import split_memory
-from xl.model import TransformerXL, check_compressive, check_context, relative_embeddings
+from xl.memory import leaving
+from xl.model_config import check_context
+from xl.positions import relative_embeddings
+
+if TYPE_CHECKING:
+    from xl.model import TransformerXL
+
+NO_DOCUMENT_START = np.iinfo(np.int64).min // 2  # a row whose text has no document start to hide anything before
 
 
 class IncrementalDecoder:
     """Per layer: keys/values of the positions a new token attends to, the projected relative embeddings
-    (multiplied by the attention scale) and the stacked query/key/value weight; with a compressed memory also the
-    layer inputs of the memory's states (the compressor's input) and a learned compressor's matrix. All come from
+    (multiplied by the attention scale) and the stacked query/key/value weight; with a memory that keeps slots also
+    the layer inputs of the memory's states (what a slot is made from) and the memory's slot maker. All come from
     the weights at construction: build a new decoder (:meth:`TransformerXL.decoder`) after changing them."""
 
     def __init__(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> None:
         check_context(window, clamp_len, same_length)
-        cfg = model.config
-        if cfg.cmem_len:
-            check_compressive(cfg.cmem_len, cfg.cmem_rate, cfg.cmem_fn, same_length)
+        memory = model.memory
+        memory.check_context(same_length)
         if window < 1:
             raise ValueError("incremental decoding needs a memory: set mem_len (the decoder's window) >= 1")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        cfg = model.config
         self.model, self.batch_size, self.window = model.eval(), batch_size, window
         self.clamp_len, self.same_length = clamp_len, same_length
         # Cached positions a new token attends to: same_length counts the token itself among the window.
         self.visible = window - 1 if same_length else window
-        self.rate = cfg.cmem_rate if cfg.cmem_len else 1
-        # The most keys a token sees before itself: the window, then states waiting for their group, then slots.
-        self.reach = self.visible + (cfg.cmem_len + self.rate - 1 if cfg.cmem_len else 0)
+        self.rate, self.slot_len = memory.rate, memory.slot_len
+        # The most keys a token sees before itself: the slots, the window, and states waiting for their group.
+        self.reach = self.slot_len + self.visible + self.rate - 1
         pos_emb = relative_embeddings(self.reach + 1, clamp_len, cfg.d_model, model.device).to(model.dtype)
         with torch.no_grad():
             # [H, D, reach+1] per layer; a token with m visible keys uses the last m+1 columns (distances
             # m .. 0). Multiplied by the attention scale once here, so that no step scales its position scores.
             self.r = [layer.attn.project_positions(pos_emb) * layer.attn.scale for layer in model.layers]
             self.qkv_weight = [layer.attn.qkv_weight() for layer in model.layers]
-            compressor = model.compressor
-            self.cmem_matrix = ([compressor.matrix(n) for n in range(cfg.n_layer)] if compressor is not None
-                                and compressor.learned else [None] * cfg.n_layer)
+        self.make_slots = memory.slot_maker()
         # Keys/values live in buffers twice as long as the keys a token sees: a token's key is written in place
         # after the visible ones, and only when a buffer is full are those moved back to the front (once every
-        # `window` tokens or more). Layout: buf[lo:start] compressed slots (oldest first), buf[start:end] the
-        # memory's states.
+        # `window` tokens or more). Layout: buf[lo:start] slots (oldest first), buf[start:end] the memory's states.
         size = 2 * (self.reach + 1)
         shape = (batch_size, cfg.n_head, size, cfg.d_head)
         self.k_buf = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(cfg.n_layer)]
         self.v_buf = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(cfg.n_layer)]
         self.h_buf = [torch.zeros(batch_size, size, cfg.d_model, dtype=model.dtype, device=model.device)
-                      for _ in range(cfg.n_layer)] if cfg.cmem_len else None
+                      for _ in range(cfg.n_layer if self.slot_len else 0)]
         self.lo = self.start = self.end = 0
         # Per row, the buffer index where its current document begins: keys before it are hidden (host-side, so a
         # step knows without a device read whether any row needs a mask).
-        self.doc_start = np.zeros(batch_size, dtype=np.int64)
+        self.doc_start = np.full(batch_size, NO_DOCUMENT_START, dtype=np.int64)
 
     @property
     def slots(self) -> int:
@@ -118,15 +123,17 @@ class IncrementalDecoder:
         for k_buf, v_buf, (k, v) in zip(self.k_buf, self.v_buf, kv, strict=True):
             k_buf[:, :, :k.size(2)] = k
             v_buf[:, :, :v.size(2)] = v
-        self.end = kv[0][0].size(2)  # the compressed slots, then the last min(T, window) positions
-        self.start = self.end - min(tokens.size(1), self.visible)
-        self.lo = 0 if self.h_buf is not None else self.start
-        if self.h_buf is not None:
-            for h_buf, mem in zip(self.h_buf, mems, strict=True):
-                states = split_memory(mem, self.window, self.model.config.cmem_len)[1]
-                h_buf[:, self.start:self.end] = states
-        last = tokens.size(1) - 1 if pos is None else pos[:, -1].cpu().numpy()
-        self.doc_start = self.end - 1 - np.broadcast_to(last, (self.batch_size,)).astype(np.int64)
+        memory = self.model.memory
+        context = memory.context(mems)
+        self.lo, self.start, self.end = 0, context.slots, context.length
+        for n, h_buf in enumerate(self.h_buf):
+            h_buf[:, self.start:self.end] = memory.states(context, n)
+        # The window may keep fewer states than the forward's memory (same_length counts the token itself).
+        self._leave(leaving(self.end - self.start, self.visible, self.rate))
+        if pos is None:  # one text per row: nothing before it to hide
+            self.doc_start[:] = NO_DOCUMENT_START
+        else:
+            self.doc_start = self.end - 1 - pos[:, -1].cpu().numpy().astype(np.int64)
         return out.logits[:, -1]
 
     def reset_rows(self, rows: Tensor) -> None:
@@ -150,41 +157,41 @@ class IncrementalDecoder:
         cache = slice(self.lo, self.end + 1)  # the visible keys and the slot for the new one
         masked_keys = self._masked_keys(h.device)
         for n, layer in enumerate(model.layers):
-            if self.h_buf is not None:
-                self.h_buf[n][:, self.end] = h[:, 0]
+            for h_buf in self.h_buf[n:n + 1]:
+                h_buf[:, self.end] = h[:, 0]
             h = layer.decode_one(h, self.k_buf[n][:, :, cache], self.v_buf[n][:, :, cache],
                                  self.r[n][..., self.reach - m:], self.qkv_weight[n], masked_keys)
         self.end += 1
-        if self.h_buf is None:
-            self.start = self.lo = max(self.start, self.end - self.visible)
-        elif self.end - self.start == self.window + self.rate:
-            self._compress()
+        self._leave(leaving(self.end - self.start, self.visible, self.rate))
         return model.head(model.final_norm(h))[:, -1]
 
     def _masked_keys(self, device: torch.device) -> Tensor | None:
         """[B, m+1] True for the keys a row's new token must not see (those before its document's start, a
-        compressed slot counted from where its group is taken to begin); None when no row hides any key."""
+        compressed slot counted from where its group begins); None when no row hides any key."""
         earliest = self.start - self.slots * self.rate  # where the oldest visible key begins
         if not (self.doc_start > earliest).any():
             return None
         begins = self.end + key_offsets(self.end - self.lo, 1, device, self.slots, self.rate)  # buffer indices
         return begins < torch.from_numpy(self.doc_start).to(device)[:, None]
 
-    def _compress(self) -> None:
-        """The oldest ``rate`` states left the window: compress them into one slot per layer, placed after the
-        slots kept (at most ``cmem_len - 1`` of them, moved up to stay contiguous with the memory)."""
-        cfg = self.model.config
-        rate, kept = self.rate, min(self.slots, cfg.cmem_len - 1)
-        slot = self.start + rate - 1  # the newest group state's index: the slot takes its place
-        for n, layer in enumerate(self.model.layers):
-            group = self.h_buf[n][:, self.start:self.start + rate]
-            state = self.model.compressor(n, group, self.cmem_matrix[n]).to(cfg.memory_dtype(group.dtype))
-            k, v = layer.attn.project_memory(state)
-            for buf, new in ((self.k_buf[n], k), (self.v_buf[n], v)):
-                buf[:, :, slot - kept:slot] = buf[:, :, self.start - kept:self.start].clone()
-                buf[:, :, slot] = new[:, :, 0]
-        self.start += rate
-        self.lo = self.start - kept - 1
+    def _leave(self, gone: int) -> None:
+        """The oldest ``gone`` states (whole groups of the rate) left the window: the memory makes one slot of each
+        group, of which the newest ``slot_len`` are kept, placed just before the states that stay (the slots kept
+        from before moved up to stay contiguous with them); without slots they are dropped."""
+        if not gone:
+            return
+        groups, rate = gone // self.rate, self.rate
+        new = min(groups, self.slot_len)  # slots made that are kept
+        kept = min(self.slots, self.slot_len - new)  # older slots still kept
+        start = self.start + gone
+        for n, layer in enumerate(self.model.layers if new else ()):
+            h = self.h_buf[n][:, start - new * rate:start]
+            made = self.make_slots(n, h.view(h.size(0), new, rate, h.size(2)))
+            k, v = layer.attn.project_memory(made.to(self.model.config.memory_dtype(made.dtype)))
+            for buf, fresh in ((self.k_buf[n], k), (self.v_buf[n], v)):
+                buf[:, :, start - new - kept:start - new] = buf[:, :, self.start - kept:self.start].clone()
+                buf[:, :, start - new:start] = fresh
+        self.start, self.lo = start, start - new - kept
 
     def _move_to_front(self) -> None:
         """Move the visible keys/values (at most ``reach``, at the end of full buffers at least twice that long) to
@@ -192,7 +199,7 @@ class IncrementalDecoder:
         keep = self.end - self.lo
         for buf in self.k_buf + self.v_buf:
             buf[:, :, :keep].copy_(buf[:, :, self.lo:self.end])
-        for buf in self.h_buf or []:
+        for buf in self.h_buf:
             buf[:, :keep].copy_(buf[:, self.lo:self.end])
         self.doc_start -= self.lo
         self.start -= self.lo

@@ -34,7 +34,7 @@ from torch import Tensor
 from xl.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
 from xl.documents import MODES, Documents, split_batch
 from xl.footprint import cache_footprint
-from xl.memory import MemoryStore
+from xl.memory import MemoryStore, packed_size
 from xl.metrics import UNITS, LMMetrics, quality, quality_name
 from xl.model import TransformerXL, XLConfig, XLOutput, check_compressive, check_context
 
@@ -423,7 +423,8 @@ class XLLitModule(L.LightningModule):
         world, rank = trainer.world_size, trainer.global_rank
         memory, rng = state["train_memory"], state["rng"]
         rng = rng if isinstance(rng, list) else [rng]  # one process's states
-        for what, count in (("memory", None if memory is None else memory.size(0)), ("random states", len(rng))):
+        processes = None if memory is None else packed_size(memory)[0]
+        for what, count in (("memory", processes), ("random states", len(rng))):
             if count is not None and count != world:
                 raise CheckpointError(
                     f"the checkpoint's {what} come from {count} processes, this run has {world}; "

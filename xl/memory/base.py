@@ -1,0 +1,162 @@
+"""What every memory variant provides: the interface that the model's forward pass and the decoder call.
+
+A memory variant answers, for one segment, "what does layer n attend over before the segment?" (:meth:`Memory.context`)
+and "what is kept after it?" (:meth:`Memory.update`). Its state is a list of tensors, each ``[B, ·, d_model]`` with
+the batch rows first, whose layout the variant defines; everything generic (the per-stage store, checkpoints, moving
+to a device, counting bytes, cleaning non-finite entries) treats it as such a list.
+
+A layer attends over its memory pieces (``Context.pieces[n]``, oldest first) as over one key sequence placed just
+before the segment, with relative distances counted in keys. Keys carry no position, so in evaluation the pieces'
+keys and values are carried from one segment to the next instead of being projected again (``kv``).
+
+Variants that add positions of their own to the segment (memory tokens that a segment reads at its start and writes
+at its end) say so in :meth:`Memory.segment_inputs`, and take the outputs back out in :meth:`Memory.segment_outputs`.
+
+The rule by which states leave a memory, :func:`leaving`, is shared by the forward pass and the one-token decoder
+(:mod:`xl.decoding`), so that both keep the same memory whatever the segment lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from xl.documents import Documents, document_mask, needs_mask
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from xl.model_config import XLConfig
+
+KV = list[tuple[Tensor, Tensor]]
+
+
+def leaving(held: int, mem_len: int, rate: int = 1) -> int:
+    """How many of ``held`` states (oldest first) leave a memory of ``mem_len`` states: those beyond ``mem_len``, in
+    whole groups of ``rate``; up to ``rate - 1`` more wait in the memory until their group is complete."""
+    return max(0, held - mem_len) // rate * rate
+
+
+@dataclass
+class Context:
+    """What each layer of one segment attends over before the segment.
+
+    ``pieces[n]``: layer n's memory tensors [B, ·, d], oldest first, attended as one sequence of ``length`` keys;
+    the first ``slots`` of them are compressed slots, each summarising ``rate`` positions (what a document boundary
+    hides is counted from that: :func:`xl.documents.key_offsets`).
+    """
+
+    pieces: list[list[Tensor]]
+    length: int
+    slots: int = 0
+    rate: int = 1
+
+    @property
+    def reach(self) -> int:
+        """How many positions before the segment the keys cover (a slot counts its rate)."""
+        return self.length + self.slots * (self.rate - 1)
+
+
+@dataclass
+class Update:
+    """A memory's answer after a segment: its new state, the new state's keys/values per layer when asked for (None:
+    the forward projects them from the state), and the variant's own training loss (None if it has none)."""
+
+    state: list[Tensor]
+    kv: KV | None = None
+    loss: Tensor | None = None
+
+
+class Memory:
+    """One memory variant. Subclasses define the state's layout and the update rule; the defaults serve memories that
+    attend over their state as it is and add no positions to the segment."""
+
+    name = "memory"
+    #: Decoder geometry (:mod:`xl.decoding`): states that leave the window make ``rate`` to 1 slots, of which the newest
+    #: ``slot_len`` are kept before the window (0: states that leave are dropped).
+    rate = 1
+    slot_len = 0
+
+    def __init__(self, config: XLConfig) -> None:
+        self.config = config
+
+    # ---- parameters and checks -----------------------------------------------------------------------------------
+    def build(self) -> dict[str, nn.Module]:
+        """Modules with the variant's own weights, registered on the model under these names after all its other
+        modules (so that a seed gives the same main weights with any memory). Called once, by the model."""
+        return {}
+
+    def check_context(self, same_length: bool) -> None:
+        """Refuse, in one sentence, an attention context this memory cannot serve (checked by every forward pass and
+        decoder)."""
+
+    def check_attached(self) -> None:
+        """Refuse keeping the memory in the graph (``memory.grad_segments`` > 1) if the variant cannot."""
+
+    # ---- state -----------------------------------------------------------------------------------------------------
+    def init(self, batch: int, device: torch.device, dtype: torch.dtype) -> list[Tensor]:
+        """The empty state of ``batch`` rows (learned initial values where the variant has them)."""
+        raise NotImplementedError
+
+    def adopt(self, state: list[Tensor], batch: int, mem_len: int) -> list[Tensor]:
+        """The state checked against a batch of ``batch`` rows (a state of another layout that the variant can read,
+        such as one from an older checkpoint, is converted); raises ValueError with what to do otherwise."""
+        d = self.config.d_model
+        for t in state:
+            if t.dim() != 3 or t.size(0) != batch or t.size(2) != d:
+                raise ValueError(f"memory of shape {tuple(t.shape)} does not fit a batch of {batch} rows "
+                                 f"(expected [{batch}, positions, {d}]); reset the memory with init_mems({batch})")
+        return state
+
+    def context(self, state: list[Tensor]) -> Context:
+        raise NotImplementedError
+
+    def positions(self, mem_len: int, seg_len: int | None = None) -> int:
+        """Positions of d_model values the state holds per row and layer once full (the footprint), for segments of
+        ``seg_len`` (None: of any length that keeps the memory's geometry exact)."""
+        raise NotImplementedError
+
+    # ---- one segment -----------------------------------------------------------------------------------------------
+    def segment_inputs(self, state: list[Tensor], h: Tensor) -> Tensor:
+        """The first layer's input [B, L', d] from the embedded segment [B, L, d]: the variant's own positions added."""
+        return h
+
+    def segment_outputs(self, h: Tensor) -> Tensor:
+        """The last layer's outputs of the segment's own tokens, [B, L, d], from those of :meth:`segment_inputs`."""
+        return h
+
+    def mask(self, mask: Tensor, documents: Documents | None, context: Context) -> Tensor:
+        """The additive attention mask [L', M+L'] (or [B, 1, L', M+L'] per row): with ``documents``, keys of another
+        document than a query's are hidden too (a compressed slot unless all it summarises is in the query's)."""
+        if needs_mask(documents, context.reach):
+            return document_mask(mask, documents.pos, context.length, context.slots, context.rate)
+        return mask
+
+    def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
+               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV | None) -> Update:
+        """The state after a segment, from each layer's inputs over the segment's positions ``layer_inputs`` and the
+        last layer's ``outputs``; ``attached``: keep it in the graph (gradients reach this segment from the next);
+        ``dtype``: the storage dtype. ``kv``: each layer's keys/values over memory ∘ segment, when the new state's
+        are wanted and can be taken from them."""
+        raise NotImplementedError
+
+    # ---- evaluation and decoding -----------------------------------------------------------------------------------
+    def project_kv(self, context: Context, layers: nn.ModuleList) -> KV:
+        """Keys and values [B, H, M, D] of each layer's memory pieces, projected."""
+        out = []
+        for layer, pieces in zip(layers, context.pieces, strict=True):
+            projected = [layer.attn.project_memory(p) for p in pieces]
+            out.append((torch.cat([k for k, _ in projected], 2), torch.cat([v for _, v in projected], 2)))
+        return out
+
+    def slot_maker(self) -> Callable[[int, Tensor], Tensor] | None:
+        """For the decoder: a function (layer, groups [B, G, rate, d]) → slots [B, G, d] with the weights as they are
+        now (None: this memory keeps no slots)."""
+        return None
+
+    def states(self, context: Context, layer: int) -> Tensor:
+        """A layer's single states (the memory after its slots), [B, S, d]: what the decoder may compress later."""
+        return context.pieces[layer][-1]

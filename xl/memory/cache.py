@@ -1,0 +1,79 @@
+"""The Transformer-XL memory (Dai et al., 2019): per layer, a cache of that layer's inputs at the last positions.
+
+For every layer n the cache holds the last ``mem_len`` inputs of that layer (layer n-1's outputs; the embeddings for
+n = 1). Segment t+1 attends over ``StopGrad(memory) ∘ current``: the cache is read-only context, so no gradient ever
+reaches it. State: one tensor [B, M, d] per layer, M ≤ mem_len.
+
+- :func:`update_memory` is the rule: keep the newest ``mem_len`` positions of ``old ∘ current``, detached.
+- :func:`update_memory_attached` keeps the same positions but leaves them in the graph, so that a later segment's
+  loss back-propagates into the segments that wrote them (truncated BPTT over several segments, as the Recurrent
+  Memory Transformer trains its memory: Bulatov et al., 2022; ``memory.grad_segments``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from xl.memory.base import KV, Context, Memory, Update, leaving
+
+
+def update_memory(
+    mems: list[Tensor], layer_inputs: list[Tensor], mem_len: int, dtype: torch.dtype | None = None
+) -> list[Tensor]:
+    """New memory = last ``mem_len`` positions of ``old ∘ current`` per layer, cut from the graph.
+
+    ``dtype``: the storage dtype (default: that of the old memory).
+    """
+    with torch.no_grad():
+        # Fresh tensors: callers may clean them in place.
+        return [m.detach() for m in update_memory_attached(mems, layer_inputs, mem_len, dtype)]
+
+
+def update_memory_attached(
+    mems: list[Tensor], layer_inputs: list[Tensor], mem_len: int, dtype: torch.dtype | None = None
+) -> list[Tensor]:
+    """The positions :func:`update_memory` keeps, still in the graph: gradients flow back through them into the
+    segments that computed them (and, through ``mems``, into earlier ones that were also kept attached)."""
+    new = []
+    for m, h in zip(mems, layer_inputs, strict=True):
+        # Copy only what is kept: the newest positions of h, then as many of m's as still fit.
+        from_h = min(mem_len, h.size(1))
+        from_m = min(mem_len - from_h, m.size(1))
+        dtype_ = dtype or m.dtype
+        new.append(torch.cat([m[:, m.size(1) - from_m:].to(dtype_), h[:, h.size(1) - from_h:].to(dtype_)], dim=1))
+    return new
+
+
+class CacheMemory(Memory):
+    """The plain Transformer-XL memory: the cached layer inputs of the last ``mem_len`` positions."""
+
+    name = "cache"
+
+    def init(self, batch: int, device: torch.device, dtype: torch.dtype) -> list[Tensor]:
+        d = self.config.d_model
+        return [torch.zeros(batch, 0, d, dtype=dtype, device=device) for _ in range(self.config.n_layer)]
+
+    def adopt(self, state: list[Tensor], batch: int, mem_len: int) -> list[Tensor]:
+        n_layer = self.config.n_layer
+        if len(state) != n_layer:
+            raise ValueError(f"expected {n_layer} memory tensors (one per layer), got {len(state)}")
+        state = super().adopt(state, batch, mem_len)
+        if any(m.size(1) != state[0].size(1) for m in state):
+            raise ValueError(f"the memory's layers hold {[m.size(1) for m in state]} positions; every layer holds as "
+                             f"many; reset the memory with init_mems({batch})")
+        return state
+
+    def context(self, state: list[Tensor]) -> Context:
+        return Context([[m] for m in state], state[0].size(1))
+
+    def positions(self, mem_len: int, seg_len: int | None = None) -> int:
+        return mem_len
+
+    def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
+               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV | None) -> Update:
+        new = (update_memory_attached if attached else update_memory)(state, layer_inputs, mem_len, dtype)
+        if kv is not None:  # the keys kept: the last ones of memory ∘ segment
+            gone = leaving(state[0].size(1) + layer_inputs[0].size(1), mem_len)
+            kv = [(k[:, :, gone:], v[:, :, gone:]) for k, v in kv]
+        return Update(new, kv)

@@ -1,0 +1,146 @@
+"""The compressive memory (Rae et al., 2019): the Transformer-XL memory, and before it the compression of what left it.
+
+Per layer, the states that leave the memory are compressed ``rate`` to 1 (:class:`xl.compressive.Compressor`) into a
+compressed memory of ``cmem_len`` slots, oldest dropped. A layer attends over ``compressed ∘ memory ∘ segment`` as over
+one longer key sequence, distances counted in slots.
+
+States leave in whole groups of ``rate`` (:func:`xl.memory.base.leaving`): those beyond ``mem_len`` are grouped oldest
+first, counted from the stream's start, and up to ``rate - 1`` of them wait in the memory, visible as ordinary
+positions, until their group is complete. No group is ever padded, so the memory after any text is the same whatever
+segments it was read in, and the one-token decoder keeps exactly the forward pass's memory. With segments and a
+``mem_len`` that the rate divides, the memory holds exactly ``mem_len`` states after each segment.
+
+State: per layer the compressed slots [B, C, d] (C ≤ cmem_len), then per layer the memory's states [B, S, d]
+(S < mem_len + rate). A state of one ``compressed ∘ memory`` tensor per layer (written by earlier versions, whose
+memory held at most ``mem_len`` states) is read as such (:func:`split_memory`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from xl.compressive import Compressor, reconstruction_loss
+from xl.memory.base import KV, Context, Memory, Update, leaving
+from xl.model_config import XLConfig, check_compressive
+
+
+def split_memory(mem: Tensor, mem_len: int, cmem_len: int) -> tuple[Tensor, Tensor]:
+    """``(compressed, memory)`` views of one layer's ``compressed ∘ memory`` tensor [B, C+M, d] whose memory holds at
+    most ``mem_len`` states (the single-tensor layout)."""
+    compressed = max(0, mem.size(1) - mem_len)
+    if compressed > cmem_len:
+        raise ValueError(f"a memory of {mem.size(1)} positions is longer than mem_len + cmem_len = "
+                         f"{mem_len} + {cmem_len}; reset the memory after changing either")
+    return mem[:, :compressed], mem[:, compressed:]
+
+
+class CompressiveMemory(Memory):
+    """Compressed slots before the Transformer-XL memory; the learned compressor's reconstruction loss as its own."""
+
+    name = "compressive"
+
+    def __init__(self, config: XLConfig) -> None:
+        super().__init__(config)
+        self.rate, self.slot_len = config.cmem_rate, config.cmem_len
+        self.compressor: Compressor | None = None
+
+    def build(self) -> dict[str, nn.Module]:
+        cfg = self.config
+        self.compressor = Compressor(cfg.n_layer, cfg.d_model, cfg.cmem_rate, cfg.cmem_fn)
+        return {"compressor": self.compressor}
+
+    def check_context(self, same_length: bool) -> None:
+        cfg = self.config
+        check_compressive(cfg.cmem_len, cfg.cmem_rate, cfg.cmem_fn, same_length)
+
+    def check_attached(self) -> None:
+        raise ValueError("the compressed memory is always detached, so gradients cannot cross segments through it; "
+                         "set memory.grad_segments=1 with memory.cmem_len > 0")
+
+    def init(self, batch: int, device: torch.device, dtype: torch.dtype) -> list[Tensor]:
+        d = self.config.d_model
+        return [torch.zeros(batch, 0, d, dtype=dtype, device=device) for _ in range(2 * self.config.n_layer)]
+
+    def adopt(self, state: list[Tensor], batch: int, mem_len: int) -> list[Tensor]:
+        n_layer, cmem_len = self.config.n_layer, self.slot_len
+        if len(state) == n_layer:  # one compressed ∘ memory tensor per layer
+            state = [part for m in state for part in split_memory(m, mem_len, cmem_len)]
+            state = state[0::2] + state[1::2]
+        if len(state) != 2 * n_layer:
+            raise ValueError(f"expected {2 * n_layer} memory tensors (the compressed slots, then the states, of each "
+                             f"of {n_layer} layers), got {len(state)}")
+        state = super().adopt(state, batch, mem_len)
+        slots, states = state[0].size(1), state[n_layer].size(1)
+        if any(m.size(1) != slots for m in state[:n_layer]) or any(m.size(1) != states for m in state[n_layer:]):
+            raise ValueError(f"the memory's layers hold {[m.size(1) for m in state]} positions; every layer holds as "
+                             f"many; reset the memory with init_mems({batch})")
+        if slots > cmem_len or states >= mem_len + self.rate and slots:
+            raise ValueError(f"a memory of {slots} compressed slots and {states} states does not fit mem_len + "
+                             f"cmem_len = {mem_len} + {cmem_len}; reset the memory after changing either")
+        return state
+
+    def context(self, state: list[Tensor]) -> Context:
+        n = self.config.n_layer
+        slots = state[0].size(1)
+        return Context([[c, m] for c, m in zip(state[:n], state[n:], strict=True)], slots + state[n].size(1), slots,
+                       self.rate)
+
+    def positions(self, mem_len: int, seg_len: int | None = None) -> int:
+        """Slots and states once both are full: states leave in whole groups, so after segments whose length the
+        rate divides the memory holds ``mem_len`` rounded up to a multiple of the rate (a segment of another length
+        may leave up to ``rate - 1`` more waiting)."""
+        rate = self.rate
+        waiting = -mem_len % rate if seg_len is None or seg_len % rate == 0 else rate - 1
+        return self.slot_len + mem_len + waiting
+
+    def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
+               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV | None) -> Update:
+        if attached:
+            self.check_attached()
+        n = self.config.n_layer
+        old_slots, old_states = state[:n], state[n:]
+        C, S, L = old_slots[0].size(1), old_states[0].size(1), layer_inputs[0].size(1)
+        gone = leaving(S + L, mem_len, self.rate)
+        with torch.no_grad():
+            evicted = [torch.cat([m[:, :gone].to(h.dtype), h[:, :max(0, gone - S)]], 1)
+                       for m, h in zip(old_states, layer_inputs, strict=True)]
+            states = [torch.cat([m[:, gone:].to(dtype), h[:, max(0, gone - S):].to(dtype)], 1)
+                      for m, h in zip(old_states, layer_inputs, strict=True)]
+        compressor = self.compressor
+        with torch.set_grad_enabled(torch.is_grad_enabled() and compressor.learned):
+            made = [compressor(i, e) for i, e in enumerate(evicted)]
+        loss = None
+        if made[0].requires_grad and gone:
+            loss = reconstruction_loss(layers, layer_inputs, evicted, made)
+        new = min(gone // self.rate, self.slot_len)  # new slots kept
+        kept = min(C, self.slot_len - new)  # old slots kept
+        with torch.no_grad():
+            slots = [torch.cat([c[:, C - kept:].to(dtype), s[:, s.size(1) - new:].to(dtype)], 1)
+                     for c, s in zip(old_slots, made, strict=True)]
+        if kv is not None:  # kept slots' and states' keys sliced from the layer's, the new slots' projected
+            kv = [self._kv(layer.attn, k, v, s[:, s.size(1) - new:], C, kept, C + gone)
+                  for layer, (k, v), s in zip(layers, kv, slots, strict=True)]
+        return Update(slots + states, kv, loss)
+
+    @staticmethod
+    def _kv(attn: nn.Module, k: Tensor, v: Tensor, new_slots: Tensor, C: int, kept: int, first_state: int
+            ) -> tuple[Tensor, Tensor]:
+        """Keys/values of the new ``slots ∘ states`` from a layer's over ``old slots ∘ old states ∘ segment``."""
+        k_new, v_new = attn.project_memory(new_slots)
+        return (torch.cat([k[:, :, C - kept:C], k_new, k[:, :, first_state:]], dim=2),
+                torch.cat([v[:, :, C - kept:C], v_new, v[:, :, first_state:]], dim=2))
+
+    def slot_maker(self) -> Callable[[int, Tensor], Tensor] | None:
+        compressor = self.compressor
+        with torch.no_grad():
+            matrices = [compressor.matrix(n) if compressor.learned else None for n in range(self.config.n_layer)]
+
+        @torch.no_grad()
+        def make(layer: int, groups: Tensor) -> Tensor:
+            B, G, rate, d = groups.shape
+            return compressor(layer, groups.reshape(B, G * rate, d), matrices[layer])
+
+        return make
