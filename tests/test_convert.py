@@ -257,6 +257,14 @@ def test_a_hub_id_offline_says_what_to_fetch_and_where(tmp_path, monkeypatch):
                                          r"https://huggingface\.co/transfo-xl/transfo-xl-wt103/tree/main into one "
                                          r"folder, and give that folder as SRC"):
         convert("transfo-xl/transfo-xl-wt103", tmp_path / "out")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+
+    def unreachable(*args, **kwargs):
+        raise OSError("no route to host")
+
+    monkeypatch.setattr("socket.create_connection", unreachable)
+    with pytest.raises(FetchError, match=r"huggingface\.co cannot be reached \(no route to host\); download config"):
+        convert("transfo-xl/transfo-xl-wt103", tmp_path / "out")
     with pytest.raises(SystemExit, match=r"error: SRC=.*nowhere is neither a folder nor a hub id"):
         convert_main([str(tmp_path / "a" / "nowhere"), str(tmp_path / "out")])
     (tmp_path / "full").mkdir()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
 HUB_FILES = ("config.json", ("model.safetensors", "pytorch_model.bin"), ("vocab.pkl", "vocab.bin"))
 
@@ -26,7 +28,14 @@ def fetch(src: str) -> tuple[Path, str]:
         raise FetchError(f"SRC={src} is neither a folder nor a hub id like transfo-xl/transfo-xl-wt103")
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
         raise FetchError(f"SRC={src} is a hub id but HF_HUB_OFFLINE is set; {by_hand(src)}")
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import constants, hf_hub_download
+
+    host = urlparse(constants.ENDPOINT)
+    try:  # the hub's client retries an unreachable host for half a minute; say at once that it cannot be reached
+        socket.create_connection((host.hostname, host.port or 443), timeout=10).close()
+    except OSError as err:
+        raise FetchError(f"SRC={src} is a hub id but {host.hostname} cannot be reached ({err}); {by_hand(src)}") \
+            from None
 
     folder = None
     for choices in HUB_FILES:
