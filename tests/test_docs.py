@@ -28,9 +28,11 @@ import runpy
 import shlex
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import lightning.pytorch  # noqa: F401  (its loggers exist before a command configures them: see restore_logging)
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -274,28 +276,48 @@ def scaled(name: str, args: list[str], workspace: Path, n: int) -> list[str]:
     return extra
 
 
+def logging_state() -> dict[str, tuple]:
+    loggers = {"": logging.getLogger()} | {name: logger for name, logger in logging.Logger.manager.loggerDict.items()
+                                          if isinstance(logger, logging.Logger)}
+    return {name: (logger, logger.level, logger.disabled, logger.propagate, logger.handlers[:])
+            for name, logger in loggers.items()}
+
+
+def restore_logging(saved: dict[str, tuple]) -> None:
+    """Loggers as they were before a command configured logging (Hydra's job logging sets levels and handlers)."""
+    kept = {id(h) for *_, handlers in saved.values() for h in handlers}
+    for logger, level, disabled, propagate, handlers in saved.values():
+        for handler in logger.handlers:
+            if id(handler) not in kept:
+                handler.close()
+        logger.setLevel(level)
+        logger.disabled, logger.propagate, logger.handlers[:] = disabled, propagate, handlers
+
+
 def run_python(args: list[str], workspace: Path, n: int) -> None:
-    """A ``python`` command, in this process, as the interpreter would run it; fails on a non-zero exit."""
+    """A ``python`` command, in this process, as the interpreter would run it; fails on a non-zero exit.
+
+    What the command changes in the process (logging, warning filters, Hydra's globals, torch's threads, sys.argv)
+    is put back afterwards, so later tests see the process as it was."""
     name, rest = entry_of(args)
     assert name in SCALE, f"python {' '.join(args)}: no scale-down for {name}; add it to SCALE or SKIP"
     argv = [*rest, *scaled(name, rest, workspace, n)]
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    saved_argv = sys.argv[:]
+    saved_logging, saved_argv = logging_state(), sys.argv[:]
     try:
-        if name.endswith(".py"):
-            sys.argv = [str(ROOT / name), *argv]
-            runpy.run_path(str(ROOT / name), run_name="__main__")
-        else:
-            sys.argv = [name, *argv]
-            runpy.run_module(name, run_name="__main__", alter_sys=True)
+        with warnings.catch_warnings():
+            if name.endswith(".py"):
+                sys.argv = [str(ROOT / name), *argv]
+                runpy.run_path(str(ROOT / name), run_name="__main__")
+            else:
+                sys.argv = [name, *argv]
+                runpy.run_module(name, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         assert stop.code in (0, None), f"python {' '.join(args)} exited with {stop.code!r}"
     finally:
         sys.argv = saved_argv
         HydraConfig.instance().cfg = None
         GlobalHydra.instance().clear()
-        root.handlers[:], root.level = handlers, level
+        restore_logging(saved_logging)
         torch.set_num_threads(1)
 
 
