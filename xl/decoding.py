@@ -14,8 +14,8 @@ relative term, Dai et al., 2019, section 3.3), so the projected keys and values 
 valid as the window slides, and the projected embeddings of distances 0 … window are the same at every
 step. Both are computed once, unlike the 2019 code, which re-projects the whole window for every token.
 
-The memory's rule decides what leaves the window (:func:`xl.memory.leaving`, the rule of the forward pass too): the
-states beyond it, in whole groups of the memory's rate. A memory that keeps slots (the compressive memory,
+The memory's rule decides what leaves the window (:func:`xl.memory.eviction.leaving`, the forward pass's rule too):
+the states beyond it, in whole groups of the memory's rate. A memory that keeps slots (the compressive memory,
 :mod:`xl.memory.compressive`) compresses each group that leaves into one slot (at most ``cmem_len``, oldest
 dropped), whose keys and values are projected once, when the slot is made; a token attends over ``slots ∘ memory ∘
 itself``, distances counted in slots, as in the forward. Up to ``rate - 1`` states beyond the window wait in the
@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from xl.documents import Documents, key_offsets, positions
-from xl.memory import leaving
+from xl.memory.eviction import leaving
 from xl.model_config import check_context
 from xl.positions import relative_embeddings
 

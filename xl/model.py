@@ -105,12 +105,10 @@ class TransformerXL(nn.Module):
         decoder fills as states leave the window (:mod:`xl.decoding` says how). The model is put in evaluation
         mode; build a new decoder after changing the weights.
         """
-        from xl.decoding import IncrementalDecoder  # loaded on first use: generation only
-
         cfg = self.config
-        return IncrementalDecoder(self, batch_size, cfg.mem_len if window is None else window,
-                                  cfg.clamp_len if clamp_len is None else clamp_len,
-                                  cfg.same_length if same_length is None else same_length)
+        return self.memory.decoder(self, batch_size, cfg.mem_len if window is None else window,
+                                   cfg.clamp_len if clamp_len is None else clamp_len,
+                                   cfg.same_length if same_length is None else same_length)
 
     @property
     def device(self) -> torch.device:
@@ -201,7 +199,7 @@ class TransformerXL(nn.Module):
             raise ValueError(f"documents.pos must be [B, L] = {list(input_ids.shape)} like the inputs, "
                              f"got {tuple(documents.pos.shape)}")
 
-        h = memory.segment_inputs(state, self.drop(self.embed(input_ids) * self.emb_scale))
+        h = memory.segment_inputs(state, self.drop(self.embed(input_ids) * self.emb_scale), documents)
         pos_emb, mask = self._context(h.size(1), M, clamp_len, mem_len if same_length else None)
         mask = memory.mask(mask, documents, context)
         pos_emb = self.drop(pos_emb)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from xl.memory.base import KV, Context, Memory, Update, leaving
+from xl.memory.base import KV, Context, Memory, Update
 from xl.memory.cache import CacheMemory, update_memory, update_memory_attached
 from xl.memory.compressive import CompressiveMemory, split_memory
+from xl.memory.eviction import leaving
 from xl.memory.store import STAGES, MemoryStore, nbytes, packed_size
 
 if TYPE_CHECKING:

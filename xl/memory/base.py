@@ -12,32 +12,29 @@ keys and values are carried from one segment to the next instead of being projec
 Variants that add positions of their own to the segment (memory tokens that a segment reads at its start and writes
 at its end) say so in :meth:`Memory.segment_inputs`, and take the outputs back out in :meth:`Memory.segment_outputs`.
 
-The rule by which states leave a memory, :func:`leaving`, is shared by the forward pass and the one-token decoder
-(:mod:`xl.decoding`), so that both keep the same memory whatever the segment lengths.
+The rule by which states leave a memory, :func:`xl.memory.eviction.leaving` (importable from here too), is shared by
+the forward pass and the one-token decoder (:mod:`xl.decoding`), so that both keep the same memory whatever the
+segment lengths.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from xl.documents import Documents, document_mask, needs_mask
+from xl.memory.eviction import leaving  # noqa: F401 (the rule every variant uses)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from xl.model import TransformerXL
     from xl.model_config import XLConfig
 
 KV = list[tuple[Tensor, Tensor]]
-
-
-def leaving(held: int, mem_len: int, rate: int = 1) -> int:
-    """How many of ``held`` states (oldest first) leave a memory of ``mem_len`` states: those beyond ``mem_len``, in
-    whole groups of ``rate``; up to ``rate - 1`` more wait in the memory until their group is complete."""
-    return max(0, held - mem_len) // rate * rate
 
 
 @dataclass
@@ -114,14 +111,15 @@ class Memory:
     def context(self, state: list[Tensor]) -> Context:
         raise NotImplementedError
 
-    def positions(self, mem_len: int, seg_len: int | None = None) -> int:
-        """Positions of d_model values the state holds per row and layer once full (the footprint), for segments of
-        ``seg_len`` (None: of any length that keeps the memory's geometry exact)."""
+    def vectors(self, mem_len: int, seg_len: int | None = None) -> int:
+        """Vectors of d_model values the state holds per row, all layers together, once full (the footprint), for
+        segments of ``seg_len`` (None: segments whose length the memory's rate divides)."""
         raise NotImplementedError
 
     # ---- one segment -----------------------------------------------------------------------------------------------
-    def segment_inputs(self, state: list[Tensor], h: Tensor) -> Tensor:
-        """The first layer's input [B, L', d] from the embedded segment [B, L, d]: the variant's own positions added."""
+    def segment_inputs(self, state: list[Tensor], h: Tensor, documents: Documents | None = None) -> Tensor:
+        """The first layer's input [B, L', d] from the embedded segment [B, L, d]: the variant's own positions added
+        (``documents``: where the rows' documents begin, for a variant whose added positions restart with them)."""
         return h
 
     def segment_outputs(self, h: Tensor) -> Tensor:
@@ -144,6 +142,15 @@ class Memory:
         raise NotImplementedError
 
     # ---- evaluation and decoding -----------------------------------------------------------------------------------
+    def decoder(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> Any:
+        """The one-token decoder of a model with this memory (:meth:`xl.model.TransformerXL.decoder`): by default
+        :class:`xl.decoding.IncrementalDecoder`, which serves every memory whose state is slots before a window of
+        states (:attr:`rate`, :attr:`slot_len`, :meth:`slot_maker`); a variant that rewrites its memory otherwise
+        returns its own, with the same ``prefill`` / ``feed`` / ``reset_rows``."""
+        from xl.decoding import IncrementalDecoder  # generation only
+
+        return IncrementalDecoder(model, batch_size, window, clamp_len, same_length)
+
     def project_kv(self, context: Context, layers: nn.ModuleList) -> KV:
         """Keys and values [B, H, M, D] of each layer's memory pieces, projected."""
         out = []

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from xl.memory.base import KV, Context, Memory, Update, leaving
+from xl.memory.base import KV, Context, Memory, Update
+from xl.memory.eviction import leaving
 
 
 def update_memory(
@@ -67,8 +68,8 @@ class CacheMemory(Memory):
     def context(self, state: list[Tensor]) -> Context:
         return Context([[m] for m in state], state[0].size(1))
 
-    def positions(self, mem_len: int, seg_len: int | None = None) -> int:
-        return mem_len
+    def vectors(self, mem_len: int, seg_len: int | None = None) -> int:
+        return self.config.n_layer * mem_len
 
     def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
                attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV | None) -> Update:

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from xl.compressive import Compressor, reconstruction_loss
-from xl.memory.base import KV, Context, Memory, Update, leaving
+from xl.memory.base import KV, Context, Memory, Update
+from xl.memory.eviction import leaving
 from xl.model_config import XLConfig, check_compressive
 
 
@@ -88,13 +89,13 @@ class CompressiveMemory(Memory):
         return Context([[c, m] for c, m in zip(state[:n], state[n:], strict=True)], slots + state[n].size(1), slots,
                        self.rate)
 
-    def positions(self, mem_len: int, seg_len: int | None = None) -> int:
-        """Slots and states once both are full: states leave in whole groups, so after segments whose length the
-        rate divides the memory holds ``mem_len`` rounded up to a multiple of the rate (a segment of another length
-        may leave up to ``rate - 1`` more waiting)."""
+    def vectors(self, mem_len: int, seg_len: int | None = None) -> int:
+        """Slots and states of every layer once both are full: states leave in whole groups, so after segments whose
+        length the rate divides the memory holds ``mem_len`` rounded up to a multiple of the rate (a segment of
+        another length may leave up to ``rate - 1`` more waiting)."""
         rate = self.rate
         waiting = -mem_len % rate if seg_len is None or seg_len % rate == 0 else rate - 1
-        return self.slot_len + mem_len + waiting
+        return self.config.n_layer * (self.slot_len + mem_len + waiting)
 
     def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
                attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV | None) -> Update:
