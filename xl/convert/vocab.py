@@ -69,6 +69,8 @@ def check_opcodes(data: bytes, at: str) -> int:
                 index = memo_next if name == "MEMOIZE" else arg
                 if recent and recent[-1] is not None:
                     strings[index] = recent[-1]
+                else:
+                    strings.pop(index, None)
                 memo_next = max(memo_next, index + 1)
             elif name not in ("FRAME", "PROTO"):
                 recent = (recent + [None])[-2:]
