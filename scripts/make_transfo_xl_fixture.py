@@ -100,7 +100,9 @@ def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
 
 def patched(cls: type, method: str, edits: dict[str, str]) -> None:
     """Replace ``cls.method`` by its own source with ``edits`` (regular expression: replacement; each must match)
-    applied, compiled in its module's namespace."""
+    applied, compiled in its module's namespace; a method already replaced is left as it is."""
+    if getattr(cls, method).__code__.co_filename.startswith("<patched"):
+        return
     source = textwrap.dedent(inspect.getsource(getattr(cls, method)))
     source = source[source.index("def "):]  # without its decorators (they only add to the docstring)
     for pattern, new in edits.items():

@@ -283,21 +283,43 @@ def reference_module():
     return module
 
 
-def test_live_comparison_with_transformers(converted):
-    ref = reference_module()
-    ref.float64_reference()
-    hf = ref.TransfoXLLMHeadModel.from_pretrained(FIXTURE).double().eval()
+def reference_logprobs(ref, hf, rows: torch.Tensor, tgt_len: int) -> torch.Tensor:
+    mems, out = ref.empty_mems(hf, rows.size(0)), []
+    with torch.no_grad():
+        for start in range(0, rows.size(1) - 1, tgt_len):
+            result = hf(rows[:, start:min(start + tgt_len, rows.size(1) - 1)], mems=mems)
+            mems = result.mems
+            out.append(result.prediction_scores)
+    return torch.cat(out, 1)
+
+
+def float64_reference_model(ref, folder: Path):
+    hf = ref.TransfoXLLMHeadModel.from_pretrained(folder).double().eval()
     pos = hf.transformer.pos_emb
     pos.inv_freq = 1 / (10000 ** (torch.arange(0.0, pos.demb, 2.0, dtype=torch.float64) / pos.demb))
-    ours = float64_model(converted)
+    return hf
+
+
+@pytest.mark.parametrize("variant", [
+    {}, dict(div_val=1, d_embed=48), dict(div_val=1), dict(div_val=2, proj_share_all_but_first=False),
+    dict(untie_r=False, same_length=False, clamp_len=-1),
+])
+def test_live_comparison_with_transformers(converted, tmp_path, variant):
+    """The fixture, and models of other options made here, against transformers itself (where version 4 is
+    importable): the same log-probabilities in float64."""
+    ref = reference_module()
+    ref.float64_reference()
+    source, out = FIXTURE, converted
+    if variant:
+        hf = ref.TransfoXLLMHeadModel(ref.TransfoXLConfig(**{**ref.ARCH, **variant})).eval()
+        ref.randomize(hf, torch.Generator().manual_seed(7))
+        source, out = tmp_path / "source", tmp_path / "out"
+        hf.save_pretrained(source, safe_serialization="untie_r" not in variant)  # shared biases: torch.save only
+        shutil.copy(FIXTURE / "vocab.pkl", source / "vocab.pkl")
+        convert(source, out)
     rows = torch.randint(0, 100, (3, 23), generator=torch.Generator().manual_seed(os.getpid()))
-    mems, theirs = ref.empty_mems(hf, 3), []
-    with torch.no_grad():
-        for start in range(0, 22, 6):
-            result = hf(rows[:, start:min(start + 6, 22)], mems=mems)
-            mems = result.mems
-            theirs.append(result.prediction_scores)
-    torch.testing.assert_close(segment_logprobs(ours, rows, 6), torch.cat(theirs, 1), rtol=0, atol=1e-10)
+    theirs = reference_logprobs(ref, float64_reference_model(ref, source), rows, 6)
+    torch.testing.assert_close(segment_logprobs(float64_model(out), rows, 6), theirs, rtol=0, atol=1e-10)
 
 
 def test_the_published_evaluation_config_sets_the_papers_context(converted, tmp_path, monkeypatch):

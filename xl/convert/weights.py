@@ -191,6 +191,7 @@ def convert_weights(hf: dict[str, Any], source: dict[str, torch.Tensor]) -> dict
         for bias in ("r_w_bias", "r_r_bias"):  # untie_r: one pair per layer, else one pair shared by every layer
             per_layer = f"{hf_layer}.dec_attn.{bias}"
             ours[f"{layer}.attn.{bias}"] = take(per_layer if hf.get("untie_r", True) else f"transformer.{bias}")
+            used.add(per_layer)  # shared: pytorch_model.bin also stores it under each layer's name
     used |= {f"crit.out_projs.{i}" for i in range(n_clusters) if tie_projs[i]}  # stored copies of tied projections
     unknown = sorted(set(source) - used)
     if unknown:
