@@ -2,25 +2,77 @@
 
 Compose the config, build data/module/trainer (xl/build.py), fit, test the best checkpoint,
 and say where everything went. ``-m`` sweeps, e.g. ``python train.py -m memory.mem_len=0,64,128``.
+
+``python train.py ckpt_path=RUN [key=value ...]`` continues the run in the folder RUN: its own settings (read from
+``RUN/.hydra/overrides.yaml``) with the new ones on top, written into RUN, logged into the same W&B run.
+``trainer.max_steps`` counts the run's steps in all, not steps added by the resume. A requeued SLURM job, which
+runs the same command into the same folder, continues from the folder's ``checkpoints/last.ckpt``.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import sys
+import warnings
+from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.build import build_run
-from xl.callbacks import exit_if_preempted
-from xl.config import entry_point
+from xl.build import build_run, make_datamodule
+from xl.callbacks import Preempted, preempted_message
+from xl.checkpoint import Checkpoint, CheckpointError
+from xl.config import entry_point, exit_on_user_error
+from xl.console import errors_logged, quiet_wandb, quiet_warnings
 from xl.lit import NonFiniteError
+from xl.runs import continue_run, describe_corpus, wandb_id
 
 log = logging.getLogger("train")
 
 
+def prepare_run(cfg: DictConfig) -> None:
+    """A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues from its folder's ``last.ckpt``; the W&B logger
+    gets the folder's W&B id, so every resume logs into the same W&B run."""
+    output_dir = Path(cfg.paths.output_dir)
+    last = output_dir / "checkpoints" / "last.ckpt"
+    requeued = int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+    with open_dict(cfg):
+        if requeued and not cfg.get("ckpt_path") and cfg.train and last.is_file():
+            log.info("requeued: continuing from %s", last)
+            cfg.ckpt_path = str(last)
+        wandb = OmegaConf.select(cfg, "logger.wandb")
+        if wandb is not None:
+            quiet_wandb(wandb.offline)
+            if not wandb.get("id"):
+                wandb.id = wandb_id(output_dir)
+
+
+def check_resume(cfg: DictConfig) -> None:
+    """A resume continues the checkpoint's corpus up to ``trainer.max_steps`` steps in all: refuse another corpus,
+    or a resume with nothing left to train, in one sentence, before the corpus is read."""
+    checkpoint = Checkpoint.open(cfg.ckpt_path)
+    saved = checkpoint.data_identity
+    if saved is not None:
+        current = make_datamodule(cfg).identity
+        if (saved["source"], saved["tokenizer"]) != (current["source"], current["tokenizer"]):
+            raise CheckpointError(
+                f"ckpt_path={cfg.ckpt_path} was trained on {describe_corpus(saved)} but this run reads "
+                f"{describe_corpus(current)}; resume with the run's data settings (data, data.train/val/test, "
+                "data.tokenizer), or give the run folder so that they are read from it")
+    step, max_steps = checkpoint.global_step or 0, cfg.trainer.max_steps
+    if 0 <= max_steps <= step:
+        raise CheckpointError(
+            f"ckpt_path={cfg.ckpt_path} is at step {step} and trainer.max_steps={max_steps} counts all the run's "
+            f"steps, so nothing is left to train; set trainer.max_steps above {step} to train on")
+
+
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:
+    prepare_run(cfg)
+    if cfg.get("ckpt_path"):  # continuing into the run folder: its checkpoints are expected there
+        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    if cfg.train and cfg.get("ckpt_path"):
+        check_resume(cfg)
     run = build_run(cfg)  # a bad setting ends the command with one sentence (xl.config.entry_point)
     trainer, module, datamodule = run.trainer, run.module, run.datamodule
     if cfg.train:
@@ -28,13 +80,14 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
         except NonFiniteError as err:
             sys.exit(f"error: {err}")
+        except Preempted as err:
+            sys.exit(preempted_message(err, trainer.default_root_dir))
         except OSError as err:
             if err.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             run_dir = trainer.default_root_dir
             sys.exit(f"error: disk full while training ({err.strerror}); the last complete checkpoint in "
                      f"{run_dir} is intact; free space and resume with ckpt_path={run_dir}")
-        exit_if_preempted(trainer)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if cfg.test:
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
@@ -47,20 +100,34 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
 
 def report(trainer, metrics: dict[str, float]) -> None:
     lines = [f"  {k:<10} {v:.4f}" for k, v in sorted(metrics.items())]
+    params = sum(p.numel() for p in trainer.lightning_module.parameters())
+    lines.append(f"  parameters: {params:,}")
     ckpt = trainer.checkpoint_callback
     if ckpt is not None and ckpt.best_model_path:
         lines.append(f"  best checkpoint: {ckpt.best_model_path}")
     if ckpt is not None and ckpt.last_model_path:
         lines.append(f"  last checkpoint: {ckpt.last_model_path}")
     lines.append(f"  run folder: {trainer.default_root_dir}")
+    for logger in trainer.loggers:
+        if type(logger).__name__ == "WandbLogger" and logger.experiment is not None:
+            run = logger.experiment
+            where = f"{Path(run.dir).parent} (upload: wandb sync {Path(run.dir).parent})" if run.offline else run.url
+            lines.append(f"  W&B run {run.id}: {where}")
     log.info("results\n%s", "\n".join(lines))
 
 
 @entry_point("config")
-def main(cfg: DictConfig) -> float | None:
-    metrics = fit_and_test(cfg)
-    # The objective of sweepers (e.g. Optuna): validation loss of the run.
-    return metrics.get("val/loss")
+def train_main(cfg: DictConfig) -> float | None:
+    with errors_logged():
+        return fit_and_test(cfg).get("val/loss")
+
+
+def main() -> float | None:
+    """The command line; returns the validation loss of the run (the objective of sweepers such as Optuna)."""
+    quiet_warnings()
+    with exit_on_user_error():
+        sys.argv[1:] = continue_run(sys.argv[1:])
+    return train_main()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ def eval_overrides(trained: dict, corpus, *extra: str) -> list[str]:
         f"ckpt={trained['run']}", "data=text", f"data.train={corpus['train']}", f"data.val={corpus['val']}",
         f"data.test={corpus['test']}", f"data.cache_dir={trained['tmp'] / 'cache'}", "data.batch_size=4",
         "data.tgt_len=16", f"paths.output_dir={trained['tmp'] / 'eval'}", "+trainer.enable_progress_bar=false",
-        "+trainer.enable_model_summary=false", *extra,
+        "+trainer.enable_model_summary=false", "logger=none", *extra,
     ]
 
 
@@ -121,13 +122,6 @@ def test_context_comes_from_eval_settings_then_memory_then_checkpoint():
     assert eval_context(cfg, checkpoint)["mem_len"] == 128
 
 
-def test_default_segment_is_train_py_default():
-    """So that `python -m xl.evaluate ckpt=RUN` scores what train.py's test scored."""
-    train, ev = compose_config(), compose_eval("ckpt=x")
-    assert (ev.data.tgt_len, ev.data.eval_tgt_len) == (train.data.tgt_len, train.data.eval_tgt_len)
-    assert ev.data.batch_size == train.data.batch_size
-
-
 def test_errors_name_the_setting(trained, corpus, tmp_path):
     with pytest.raises(CheckpointError, match=r"^ckpt=.*nowhere does not exist"):
         evaluate(compose_eval(*eval_overrides(trained, corpus, f"ckpt={tmp_path / 'nowhere'}")))
@@ -151,3 +145,15 @@ def test_command_line_prints_the_table(trained, corpus, tmp_path, monkeypatch):
     lines = [line.split() for line in out.splitlines() if line.strip().startswith(("val ", "test "))]
     assert [row[0] for row in lines] == ["val", "test"]
     assert all(row[3] == f"{4 * 16 * 4:,}" for row in lines)  # 5 segments, 1 of them warm-up
+
+
+def test_results_go_to_json_and_to_a_new_wandb_run_when_the_run_has_none(trained, corpus, tmp_path):
+    """A checkpoint whose folder records no W&B run: the evaluation gets a W&B run of its own (offline)."""
+    out = tmp_path / "eval"
+    results = evaluate(compose_eval(*eval_overrides(trained, corpus, "splits=[test]", "trainer.limit_test_batches=2",
+                                                    "logger=wandb", f"paths.output_dir={out}")))
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["test/loss"] == results["test"]["test/loss"] and saved["run_data"] is False
+    assert saved["step"] == 20 and saved["ckpt"] == str((trained["run"] / "checkpoints" / "last.ckpt").resolve())
+    (offline,) = (out / "wandb").glob("offline-run-*")
+    assert list(offline.glob("*.wandb")) and not (trained["run"] / "wandb_id").exists()

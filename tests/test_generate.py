@@ -63,7 +63,7 @@ def test_generate_command_on_a_checkpoint(tmp_path, corpus):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     data = data_overrides(corpus, tmp_path)
     result = subprocess.run([sys.executable, "-m", "xl.generate", f"ckpt={ckpt}", "prompt='def main('",
-                             "max_new_tokens=20", "temperature=0", "warmup='import os\n'", *data],
+                             "max_new_tokens=20", "temperature=0", "warmup_text='import os\n'", *data],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("def main(") and len(result.stdout.rstrip("\n")) >= len("def main(") + 1

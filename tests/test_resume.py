@@ -11,9 +11,12 @@ import pytest
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.strategies import SingleDeviceStrategy
+from omegaconf import OmegaConf
 
-from tests.conftest import compose_config, tiny_overrides
+import train
+from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from xl.build import build_callbacks, build_run
+from xl.callbacks import Preempted
 from xl.checkpoint import CheckpointError
 from xl.lit import XLLitModule
 
@@ -139,21 +142,72 @@ class SendSignal(L.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class ValidationRecorder(L.Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_validation_start(self, trainer, module):
+        if not trainer.sanity_checking:
+            self.steps.append(trainer.global_step)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
 def test_signal_checkpoints_and_resume_is_exact(tmp_path, corpus, signum):
+    """A signal ends the fit at the step boundary with one last.ckpt and nothing else: no validation, no step
+    checkpoint, no last-v1.ckpt; the resume from it is exact."""
     whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole"))
     run = build_run(resume_cfg(tmp_path, corpus, "first", "callbacks.model_checkpoint.every_n_train_steps=null"))
-    run.trainer.callbacks.append(SendSignal(signum, at_step=STOP_AT))
+    validations = ValidationRecorder()
+    run.trainer.callbacks += [SendSignal(signum, at_step=STOP_AT), validations]
     before = signal.getsignal(signum)
-    run.trainer.fit(run.module, datamodule=run.datamodule)
+    with pytest.raises(Preempted, match=f"^stopped by {signal.Signals(signum).name} after step {STOP_AT}; "):
+        run.trainer.fit(run.module, datamodule=run.datamodule)
     assert run.trainer.global_step == STOP_AT, "the run stops at the end of the step the signal arrived in"
-    ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
+    assert validations.steps == [3, 6], "no validation after the signal"
+    folder = tmp_path / "first" / "run" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step0000006.ckpt"]
+    ckpt = folder / "last.ckpt"
     assert torch.load(ckpt, weights_only=True)["global_step"] == STOP_AT
     assert signal.getsignal(signum) == before  # the handler of before the fit is back
 
     second, second_losses = fit(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={ckpt}"))
     assert sorted(second_losses) == list(range(STOP_AT + 1, STEPS + 1))
     assert all(second_losses[s] == whole_losses[s] for s in second_losses)
+
+
+def test_resuming_a_checkpoint_onto_another_corpus_is_refused(tmp_path, corpus):
+    fit(resume_cfg(tmp_path, corpus, "first", "trainer.max_steps=3",
+                   "callbacks.model_checkpoint.every_n_train_steps=3"))
+    ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
+    cfg = resume_cfg(tmp_path, corpus, "second", f"ckpt_path={ckpt}", f"data.train={corpus['val']}")
+    with pytest.raises(CheckpointError, match=rf"^ckpt_path=.* was trained on data.train \({corpus['train']}\) but "
+                                              rf"this run reads data.train \({corpus['val']}\); resume with the run's"):
+        train.fit_and_test(cfg)
+    assert not (tmp_path / "second" / "cache").exists(), "refused before the corpus is read"
+
+
+def test_resume_of_a_run_folder_continues_it_in_place(tmp_path, corpus, monkeypatch):
+    """`python train.py ckpt_path=RUN` takes the run's own settings, writes into RUN (no new folder) and continues
+    its W&B run; max_steps counts all steps; another corpus is refused in one sentence."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    overrides = [o for o in tiny_overrides(tmp_path, corpus) if o != "logger=none"]
+    run_hydra_main(train.main, ["train.py", *overrides, "logger=wandb", "trainer.max_steps=4", f"hydra.run.dir={run}"],
+                   monkeypatch)
+    run_hydra_main(train.main, ["train.py", f"ckpt_path={run}", "trainer.max_steps=8"], monkeypatch)
+    assert not (tmp_path / "outputs").exists()
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8
+    run_id = (run / "wandb_id").read_text().strip()
+    offline = sorted((run / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(p.name.endswith(f"-{run_id}") for p in offline)
+    assert (run / "train.log").read_text().count("results") == 2
+    saved = OmegaConf.load(run / ".hydra" / "overrides.yaml")
+    assert f"data.train={corpus['train']}" in saved and saved.count("trainer.max_steps=8") == 1
+    with pytest.raises(SystemExit, match=r"^error: ckpt_path=.* is at step 8 and trainer.max_steps=8 counts all"):
+        run_hydra_main(train.main, ["train.py", f"ckpt_path={run}"], monkeypatch)
+    with pytest.raises(SystemExit, match=rf"^error: ckpt_path=.* continues a run with its own data, but "
+                                         rf"data.train={corpus['val']} changes it; .* remove data.train from"):
+        run_hydra_main(train.main, ["train.py", f"ckpt_path={run}", f"data.train={corpus['val']}"], monkeypatch)
 
 
 class OrderRecorder(L.Callback):
@@ -258,3 +312,22 @@ def test_checkpoints_are_read_outside_fit_without_the_training_state(tmp_path, c
     resumed = build_run(resume_cfg(tmp_path, corpus, "resume"))
     with pytest.raises(CheckpointError, match="come from 2 processes, this run has 1; resume with the same"):
         resumed.trainer.fit(resumed.module, datamodule=resumed.datamodule, ckpt_path=two, weights_only=True)
+
+
+def test_a_requeued_run_continues_from_its_folder(tmp_path, corpus, monkeypatch):
+    """The same command into the same folder, requeued by SLURM, continues from the folder's last.ckpt, exactly."""
+    whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole"))
+    train.fit_and_test(resume_cfg(tmp_path, corpus, "again", f"trainer.max_steps={STOP_AT}", "test=false"))
+    recorder, build = LossRecorder(), train.build_run
+
+    def with_recorder(cfg):
+        built = build(cfg)
+        built.trainer.callbacks.append(recorder)
+        return built
+
+    monkeypatch.setattr(train, "build_run", with_recorder)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    again = resume_cfg(tmp_path, corpus, "again", "test=false")
+    train.fit_and_test(again)
+    assert again.ckpt_path.endswith("last.ckpt") and sorted(recorder.losses) == list(range(STOP_AT + 1, STEPS + 1))
+    assert all(recorder.losses[s] == whole_losses[s] for s in recorder.losses)

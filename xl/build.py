@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from xl.checkpoint import Checkpoint, CheckpointError, check_compatible
 from xl.compressive import COMPRESSION_FNS
 from xl.config import ConfigError
+from xl.console import TRAINER_DEFAULTS
 from xl.data import DataError, make_tokenizer
 from xl.footprint import NAMES, PRECISION_BYTES, SETTINGS, GiB, RunFootprint, available_memory, run_footprint, verdict
 from xl.lit import OptimConfig, XLLitModule
@@ -435,7 +436,9 @@ def build_callbacks(cfg: DictConfig, with_logger: bool = True) -> list[Any]:
 
 def build_trainer(cfg: DictConfig) -> L.Trainer:
     loggers = build_loggers(cfg)
-    trainer = build(cfg.trainer, "trainer", logger=loggers or False, callbacks=build_callbacks(cfg, bool(loggers)))
+    quiet = {k: v for k, v in TRAINER_DEFAULTS.items() if k not in cfg.trainer}  # xl/console.py
+    trainer = build(cfg.trainer, "trainer", logger=loggers or False, callbacks=build_callbacks(cfg, bool(loggers)),
+                    **quiet)
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     return trainer

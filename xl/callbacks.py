@@ -2,9 +2,10 @@
 
 SIGTERM (most schedulers), SIGUSR1 (SLURM's warning before preemption) and SIGINT (Ctrl+C) only
 raise a flag; the run stops at the next step boundary, where the memory, the data position and the
-weights agree, and writes ``last.ckpt`` there. Lightning writes checkpoints through an fsspec
-transaction (a temporary file renamed into place), so a good ``last.ckpt`` is never replaced by a
-truncated one. A second Ctrl+C interrupts at once.
+weights agree, writes ``last.ckpt`` there and ends the fit at once by raising :class:`Preempted` (Lightning's
+``SIGTERMException``): no validation, no other checkpoint, so a cluster's grace period is spent on nothing else.
+Lightning writes checkpoints through an fsspec transaction (a temporary file renamed into place), so a good
+``last.ckpt`` is never replaced by a truncated one. A second Ctrl+C interrupts at once.
 
 :class:`JobSummary` writes the job's metrics, training throughput and cost into ``results.json`` in the run
 folder, which :mod:`xl.sweep` gathers into a sweep's summary.
@@ -13,19 +14,20 @@ folder, which :mod:`xl.sweep` gathers into a sweep's summary.
 from __future__ import annotations
 
 import json
+import logging
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from xl.footprint import cache_footprint
 from xl.lit import batch_tokens
 
+log = logging.getLogger(__name__)
 SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
 
 
@@ -61,26 +63,32 @@ class PreemptionCheckpoint(L.Callback):
         stop = self.received is not None
         if trainer.world_size > 1:  # a signal seen by any rank stops all ranks at the same step
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if not stop or trainer.should_stop:
+        if not stop:
             return
         self.saved_path = self.dirpath / "last.ckpt"
         trainer.save_checkpoint(self.saved_path)
-        trainer.should_stop = True
-        name = signal.Signals(self.received).name if self.received else "a signal on another rank"
-        rank_zero_info(f"{name} received: stopped after step {trainer.global_step}, checkpoint {self.saved_path}")
+        name = self.signal_name or "a signal on another rank"
+        if trainer.is_global_zero:
+            log.warning("%s received: stopped after step %d, checkpoint %s", name, trainer.global_step, self.saved_path)
+        # Ends the fit here: Lightning's own SIGTERM handling raises it after a validation, which is skipped.
+        raise Preempted(name, trainer.global_step, self.saved_path)
 
     @property
     def signal_name(self) -> str | None:
         return signal.Signals(self.received).name if self.received else None
 
 
-def exit_if_preempted(trainer: L.Trainer) -> None:
-    """After a fit that a signal stopped: say where the checkpoint is and how to resume, then exit."""
-    for callback in trainer.callbacks:
-        if isinstance(callback, PreemptionCheckpoint) and callback.signal_name:
-            run_dir = trainer.default_root_dir
-            sys.exit(f"stopped by {callback.signal_name} after step {trainer.global_step}; checkpoint "
-                     f"{callback.saved_path}; resume with the same overrides plus ckpt_path={run_dir}")
+class Preempted(SIGTERMException):
+    """A fit stopped by a signal at a step boundary, after writing ``path`` (``last.ckpt``)."""
+
+    def __init__(self, signal_name: str, step: int, path: Path) -> None:
+        super().__init__(f"stopped by {signal_name} after step {step}; checkpoint {path}")
+        self.signal_name, self.step, self.path = signal_name, step, path
+
+
+def preempted_message(err: Preempted, run_dir: str) -> str:
+    """What train.py says when a signal stopped the fit: where the checkpoint is and how to resume."""
+    return f"{err}; resume with: python train.py ckpt_path={run_dir}"
 
 
 class JobSummary(L.Callback):
@@ -131,6 +139,7 @@ class JobSummary(L.Callback):
             "eval_mem_len": pl_module.eval_context["mem_len"],
             "cmem_len": cfg.cmem_len,
             "cmem_rate": cfg.cmem_rate,
+            "num_tokens": cfg.num_tokens,
             "grad_segments": pl_module.grad_segments,
             "doc_boundaries": pl_module.doc_boundaries,
             "tgt_len": datamodule.tgt_len,

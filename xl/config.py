@@ -217,6 +217,7 @@ class WandbSchema:
     offline: bool = True
     name: str | None = None  # null: run_name, else the overrides
     group: str | None = None  # null: the sweep folder under -m
+    id: str | None = None  # null: the run folder's own (its file wandb_id), so that a resume continues the W&B run
     tags: list[str] = "${tags}"  # type: ignore[assignment]
     log_model: bool | str = False
 

@@ -1,10 +1,16 @@
-"""Evaluate a trained checkpoint on val and test: ``python -m xl.evaluate ckpt=PATH [key=value ...]`` (Hydra).
+"""Evaluate a trained run on val and test: ``python -m xl.evaluate ckpt=RUN [key=value ...]`` (Hydra).
 
-The model's shape comes from the checkpoint; the data, the evaluation context (``memory.eval_mem_len``,
-``data.eval_tgt_len``, ``memory.clamp_len``, ``memory.eval_same_length``), the device and the precision
-from ``conf/evaluate.yaml`` and its groups, so a checkpoint can be read with a longer memory than it
-was trained with, as in the paper. ``warmup=N`` feeds the first N segments of every stream without
-scoring them, so that every scored token has a full memory. ``vanilla=true`` is the paper's baseline
+``ckpt``: a run folder (its ``checkpoints/last.ckpt``) or a checkpoint file. The model's shape comes from the
+checkpoint, the data from the run's folder (``data=run``, the default; ``data.eval_tgt_len=64`` changes one of its
+settings; ``data=text data.train=... data.val=... data.test=...`` scores other data, and the output says whether
+that is the data the model was trained on); the evaluation context (``memory.eval_mem_len``, ``memory.clamp_len``,
+``memory.eval_same_length``), the device and the precision from ``conf/evaluate.yaml`` and its groups, so a
+checkpoint can be read with a longer memory than it was trained with, as in the paper. The results go to
+``results.json`` in the output folder and to W&B (the evaluated run's own W&B run when its folder records one);
+``-m memory.eval_mem_len=0,128,512`` ends with the sweep's summary table and plot (:mod:`xl.sweep`).
+
+``warmup=N`` feeds the first N segments of every stream without scoring them, so that every scored token has a
+full memory. ``vanilla=true`` is the paper's baseline
 (Dai et al., 2019, section 4): no cache, every token predicted by a fresh forward over the
 ``attn_len`` tokens before it.
 
@@ -26,12 +32,15 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from xl.adaptive import widen
-from xl.build import ConfigError, build_datamodule, build_trainer, check_device
+from xl.build import ConfigError, build, build_datamodule, check_device
 from xl.checkpoint import Checkpoint
 from xl.config import entry_point
-from xl.documents import MODES, Documents, DocumentStats, bucket_names, split_batch, summary
+from xl.console import TRAINER_DEFAULTS, errors_logged, quiet_warnings
+from xl.documents import MODES, Documents, DocumentStats, split_batch, summary
+from xl.eval_results import describe, format_table, log_results, record, scored_corpus, write_results
 from xl.lit import XLLitModule
 from xl.model import TransformerXL
+from xl.runs import describe_corpus, find_run_folder, use_run_data
 
 log = logging.getLogger("evaluate")
 
@@ -191,6 +200,9 @@ def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any) ->
     per_document = bool(cfg.get("per_document", False))
     if per_document and cfg.vanilla:
         raise ConfigError("per_document=true reports the cached evaluation; set vanilla=false")
+    if cfg.vanilla and model.get("num_tokens"):
+        raise ConfigError("vanilla=true reads each window afresh, but this model's memory tokens are written segment "
+                          "by segment (memory.num_tokens > 0); set vanilla=false")
     try:
         module = Evaluator(model, context, datamodule.unit, cfg.warmup, attn_len, eval_doc_boundaries(cfg, checkpoint),
                            per_document)
@@ -209,57 +221,55 @@ def eval_doc_boundaries(cfg: DictConfig, checkpoint: Checkpoint) -> str:
     return value
 
 
-def describe(module: Evaluator, path: str, step: int, datamodule: Any) -> str:
-    c = module.eval_context
-    mode = (f"vanilla (no cache), attn_len={module.attn_len}" if module.attn_len else
-            f"mem_len={c['mem_len']} same_length={c['same_length']}") + f" doc_boundaries={module.doc_boundaries}"
-    filled = min(c["mem_len"], module.warmup * datamodule.eval_tgt_len)
-    return (f"checkpoint {path} (step {step}, trained with mem_len={module.config.mem_len})\n"
-            f"  {mode} tgt_len={datamodule.eval_tgt_len} clamp_len={c['clamp_len']} "
-            f"batch={datamodule.eval_batch_size} warmup={module.warmup} segments"
-            + (f" (memory >= {filled} tokens when scoring)" if module.warmup and not module.attn_len else ""))
-
-
-def format_table(results: dict[str, dict[str, float]], unit: str) -> str:
-    lines = [f"  {'split':<6} {'loss':>8} {unit:>8} {'tokens':>12} {'tokens/s':>10}"]
-    for split, m in results.items():
-        lines.append(f"  {split:<6} {m[f'{split}/loss']:>8.4f} {m[f'{split}/{unit}']:>8.4f} "
-                     f"{m[f'{split}/tokens']:>12,.0f} {m[f'{split}/tok_s']:>10,.0f}")
-    if all(f"{split}/docs" in m for split, m in results.items()) and results:
-        names = bucket_names()
-        lines.append(f"  per document ({unit}; by position in document):")
-        lines.append(f"  {'split':<6} {'docs':>8} {'mean':>8} " + " ".join(f"{n:>9}" for n in names))
-        for split, m in results.items():
-            lines.append(f"  {split:<6} {m[f'{split}/docs']:>8,.0f} {m[f'{split}/doc_mean_{unit}']:>8.4f} "
-                         + " ".join(f"{m[f'{split}/pos_{n}_{unit}']:>9.4f}" for n in names))
-    return "\n".join(lines)
+def corpus_note(checkpoint: Checkpoint, datamodule: Any, from_run: bool) -> str:
+    """Whether the data scored is the data the model was trained on, in words."""
+    saved, current = checkpoint.data_identity, datamodule.identity
+    if saved is None:
+        return ("the run's data settings; the checkpoint does not record its data" if from_run else
+                "as named; the checkpoint does not record the data it was trained on")
+    if (saved["source"], saved["tokenizer"]) == (current["source"], current["tokenizer"]):
+        return "the run's data" if from_run else "the data the model was trained on"
+    return f"not the data the model was trained on: {describe_corpus(saved)}"
 
 
 def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     """``{split: {"<split>/loss", "<split>/<bpb|bpc|ppl>", "<split>/tokens", "<split>/tok_s"}}`` for val and test;
-    with ``per_document``, also ``<split>/docs``, ``<split>/doc_mean_<unit>`` and ``<split>/pos_<range>_<unit>``."""
+    with ``per_document``, also ``<split>/docs``, ``<split>/doc_mean_<unit>`` and ``<split>/pos_<range>_<unit>``.
+    Also written to ``results.json`` in ``paths.output_dir`` and logged to W&B (with ``logger=wandb``)."""
     check_device(cfg)
     L.seed_everything(cfg.seed, verbose=False)
+    for split in cfg.splits:
+        if split not in ("val", "test"):
+            raise ConfigError(f"splits may hold val and test, got {split!r}")
+    from_run = use_run_data(cfg, cfg.ckpt)  # data=run: the run's data settings
     checkpoint = Checkpoint.open(cfg.ckpt, setting="ckpt")
-    path, step = str(checkpoint.path), checkpoint.global_step
+    folder = find_run_folder(checkpoint.path)
+    about = {"path": str(checkpoint.path.resolve()), "step": checkpoint.global_step,
+             "run": str(folder.resolve()) if folder else None}
     datamodule = build_datamodule(cfg)
+    note = corpus_note(checkpoint, datamodule, from_run is not None)
     module = build_evaluator(cfg, checkpoint, datamodule)
     del checkpoint  # the weights are in the module now; free the optimizer state before evaluating
-    trainer = build_trainer(cfg)
+    trainer = build(cfg.trainer, "trainer", logger=False, callbacks=[], **TRAINER_DEFAULTS)
     results = {}
     for split in cfg.splits:
-        run = {"val": trainer.validate, "test": trainer.test}.get(split)
-        if run is None:
-            raise ConfigError(f"splits may hold val and test, got {split!r}")
+        run = {"val": trainer.validate, "test": trainer.test}[split]
         (results[split],) = run(module, datamodule=datamodule, verbose=False)
-    log.info("evaluation\n  %s\n%s", describe(module, path, step, datamodule),
-             format_table(results, module.quality_name))
+    corpus = scored_corpus(datamodule, list(cfg.splits))
+    values = record(module, datamodule, results, about, corpus, from_run is not None)
+    written = write_results(cfg.paths.output_dir, values)
+    logged = log_results(cfg, values)
+    log.info("evaluation\n  %s\n%s\n  results: %s%s", describe(module, about["path"], about["step"], datamodule, corpus,
+                                                           note),
+             format_table(results, module.quality_name), written, f"\n  {logged}" if logged else "")
     return results
 
 
 @entry_point("evaluate")
 def main(cfg: DictConfig) -> None:
-    evaluate(cfg)
+    quiet_warnings()
+    with errors_logged():
+        evaluate(cfg)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,18 @@
-"""Sample text from a checkpoint: ``python -m xl.generate ckpt=PATH prompt="..." [key=value ...]`` (Hydra).
+"""Sample text from a trained run: ``python -m xl.generate ckpt=RUN 'prompt="def main("' [key=value ...]`` (Hydra).
 
-The optional ``warmup`` text is read first to fill the memory (a cold start leaves the first tokens without
-context); the prompt follows, then the samples, one token per step through the model's incremental decoder
+``ckpt``: a run folder (its ``checkpoints/last.ckpt``) or a checkpoint file; the tokenizer is the run's (its data
+settings are read from the run folder; ``data=...`` names others). The shell's single quotes keep Hydra's double
+quotes: Hydra reads ``prompt="def main("`` as a quoted string, which may hold parentheses, commas and spaces.
+
+``warmup=PATH`` names a text file that is read first to fill the memory (a cold start leaves the first tokens
+without context; a path that is not a file is refused), ``warmup_text="..."`` gives that text itself; the prompt
+follows, then the samples, one token per step through the model's incremental decoder
 (:meth:`xl.model.TransformerXL.decoder`): each sampled token gets the logits of the model's forward of that
 token over the memory carried (``mem_len``), computed against cached keys and values.
+
+Example, with RUN the run folder train.py printed::
+
+    python -m xl.generate ckpt=RUN 'prompt="def main("' max_new_tokens=200 temperature=0.8
 """
 
 from __future__ import annotations
@@ -19,8 +28,10 @@ from torch import Tensor
 from xl.build import ConfigError, build_datamodule
 from xl.checkpoint import Checkpoint
 from xl.config import entry_point
+from xl.console import errors_logged, quiet_warnings
 from xl.data.sources import decode
 from xl.model import TransformerXL
+from xl.runs import use_run_data
 
 
 def sample(logits: Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator) -> Tensor:
@@ -59,15 +70,15 @@ def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str,
     """The decoder's window (mem_len), clamp_len and same_length, and a line saying where the window comes from.
 
     Each is the generate config's value if set, else the checkpoint's. A model trained without memory
-    (mem_len=0) gets the window with which each new token attends over as many tokens as the last token of
-    a training segment did: its training segment length, itself included.
+    (mem_len=0, no memory tokens) gets the window with which each new token attends over as many tokens as the
+    last token of a training segment did: its training segment length, itself included.
     """
     saved = checkpoint.model_config
     clamp_len = saved["clamp_len"] if cfg.clamp_len is None else cfg.clamp_len
     same_length = saved["same_length"] if cfg.same_length is None else cfg.same_length
     if cfg.mem_len is not None:
         window, source = cfg.mem_len, "mem_len"
-    elif saved["mem_len"] > 0:
+    elif saved["mem_len"] > 0 or saved.get("num_tokens"):  # memory tokens alone: no cache, as in training
         window, source = saved["mem_len"], "the checkpoint's mem_len"
     else:
         tgt_len, origin = checkpoint.train_tgt_len, "the training segment length, data.tgt_len"
@@ -81,22 +92,42 @@ def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str,
                      f"same_length={same_length}")
 
 
+def warmup_text(cfg: DictConfig) -> str:
+    """The warm-up: ``warmup`` is a file, read as the corpus sources read files (bytes kept exactly, \\r\\n included)
+    so that its tokens are those the model was trained on; ``warmup_text`` is the text itself."""
+    if cfg.warmup and cfg.get("warmup_text"):
+        raise ConfigError("warmup (a file) and warmup_text (a text) both set; keep one")
+    if not cfg.warmup:
+        return cfg.get("warmup_text") or ""
+    path = Path(str(cfg.warmup)).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"warmup={cfg.warmup} is not a file; give the path of a text file, or the text itself "
+                          "as warmup_text=...")
+    return decode(path.read_bytes())
+
+
 # An absolute path: found the same way under `python -m xl.generate` and when main() is called in-process.
 @entry_point("generate")
 def main(cfg: DictConfig) -> None:
+    with errors_logged():
+        sample_text(cfg)
+
+
+def sample_text(cfg: DictConfig) -> None:
+    """The command: read the run, decode, print the prompt and the new text."""
+    quiet_warnings()
+    if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0 or cfg.max_new_tokens < 0:
+        raise ConfigError("temperature must be >= 0, top_p in (0, 1], top_k and max_new_tokens >= 0")
+    text = warmup_text(cfg) + cfg.prompt
+    if not text:
+        raise ConfigError("give a prompt ('prompt=\"...\"'), a warm-up file (warmup=PATH) or a warm-up text "
+                          "('warmup_text=\"...\"')")
+    use_run_data(cfg, cfg.ckpt)  # data=run: the run's tokenizer
     datamodule = build_datamodule(cfg)
     tokenizer = datamodule.tokenizer
     checkpoint = Checkpoint.open(cfg.ckpt, setting="ckpt")
     checkpoint.check_tokenizer(tokenizer.vocab_size, datamodule.tokenizer_fingerprint)
     model = checkpoint.load_model()
-    if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0 or cfg.max_new_tokens < 0:
-        raise ConfigError("temperature must be >= 0, top_p in (0, 1], top_k and max_new_tokens >= 0")
-    # A file is read as the corpus sources read files (bytes kept exactly, \r\n included), so its tokens are those
-    # the model was trained on.
-    warmup = decode(Path(cfg.warmup).read_bytes()) if cfg.warmup and Path(cfg.warmup).is_file() else (cfg.warmup or "")
-    text = warmup + cfg.prompt
-    if not text:
-        raise ConfigError("give a prompt (prompt=\"...\") or a warm-up text (warmup=PATH or text)")
     context, described = decoding_context(cfg, checkpoint)
     del checkpoint  # the weights are in the model; free the optimizer state
     ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)[None]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,7 +92,7 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
     relayed reach, so no query can see an earlier episode's key.
     """
     from xl.build import build_run
-    from xl.callbacks import exit_if_preempted
+    from xl.callbacks import Preempted
 
     results: dict[int, dict[int, float]] = {}
     seg_len = n_layer = 0
@@ -105,8 +106,10 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
         cfg = compose("config", [*base, f"data.source.gap={n_layer * max(mem_lens) + seg_len}", *overrides])
         start = time.time()
         run = build_run(cfg)
-        run.trainer.fit(run.module, datamodule=run.datamodule)
-        exit_if_preempted(run.trainer)
+        try:
+            run.trainer.fit(run.module, datamodule=run.datamodule)
+        except Preempted as err:  # a signal: the checkpoint is written, the probe stops
+            sys.exit(str(err))
         rows = np.asarray(run.datamodule.val_dataloader().rows)
         counts = recall_accuracy(run.module.model, rows, seg_len, mem_len)
         results[mem_len] = {d: hit / total for d, (hit, total) in sorted(counts.items())}

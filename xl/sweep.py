@@ -2,9 +2,11 @@
 
 Only a running job knows its training throughput and wall time, and train.py keeps its metrics in
 memory, so :class:`xl.callbacks.JobSummary` (a Lightning callback of the callbacks group) writes them into
-``<run folder>/results.json``. When a Hydra multirun ends, :func:`write_summary` (called by
+``<run folder>/results.json``; ``python -m xl.evaluate`` writes its own there too (:mod:`xl.eval_results`).
+When a Hydra multirun ends, :func:`write_summary` (called by
 ``xl.hydra_callbacks.SweepSummary``) gathers the jobs' files into ``summary.csv``, ``summary.md`` and
-``summary.png`` in the sweep folder: the metric and the cost (cache MB, tokens/s) against ``mem_len``.
+``summary.png`` in the sweep folder: the metric and the cost (cache MB, tokens/s) against ``mem_len`` (against
+``eval_mem_len`` for a sweep that evaluates one model with several memory lengths).
 """
 
 from __future__ import annotations
@@ -34,15 +36,15 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"job": ",".join(o for o in job_overrides if o not in common) or job.name}
         row.update(json.loads(results.read_text()) if results.is_file() else {"status": f"no {RESULTS_FILE}"})
         rows.append(row)
-    return sorted(rows, key=lambda r: (r.get("mem_len", math.inf), r["job"]))
+    return sorted(rows, key=lambda r: (r.get("mem_len", math.inf), r.get("eval_mem_len") or 0, r["job"]))
 
 
 def columns(rows: list[dict[str, Any]]) -> list[str]:
     """The table's columns: context, metrics (whatever the unit), cost; unknown keys are left out."""
     unit = next((r["unit"] for r in rows if "unit" in r), "bpb")
-    wanted = ["job", "mem_len", "eval_mem_len", "cmem_len", "cmem_rate", "grad_segments", "doc_boundaries",
-              "val/loss", f"val/{unit}", "val/bpb", "test/loss", f"test/{unit}", "test/bpb",
-              "train_tok_s", "cache_mb", "params", "wall_s", "status"]
+    wanted = ["job", "mem_len", "eval_mem_len", "cmem_len", "cmem_rate", "num_tokens", "grad_segments",
+              "doc_boundaries", "val/loss", f"val/{unit}", "val/bpb", "test/loss", f"test/{unit}", "test/bpb",
+              "train_tok_s", "val/tok_s", "test/tok_s", "cache_mb", "params", "wall_s", "status"]
     return list(dict.fromkeys(c for c in wanted if any(c in r for r in rows)))  # bpb once for byte data
 
 
@@ -50,7 +52,7 @@ def format_value(column: str, value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        if column in ("train_tok_s",):
+        if column in ("train_tok_s", "val/tok_s", "test/tok_s"):
             return f"{value:,.0f}"
         if column == "cache_mb":
             return f"{value:.2f}"
@@ -72,8 +74,15 @@ def write_table(rows: list[dict[str, Any]], cols: list[str], sweep_dir: Path) ->
     (sweep_dir / "summary.md").write_text("\n".join(lines) + "\n")
 
 
+def x_axis(rows: list[dict[str, Any]]) -> str:
+    """mem_len, or eval_mem_len for a sweep of evaluations of one model (the trained mem_len is the same)."""
+    varies = {key: len({r.get(key) for r in rows}) > 1 for key in ("mem_len", "eval_mem_len")}
+    return "eval_mem_len" if varies["eval_mem_len"] and not varies["mem_len"] else "mem_len"
+
+
 def write_plot(rows: list[dict[str, Any]], sweep_dir: Path) -> Path:
-    """Left: val/test quality against mem_len; right: cache MB and training tokens/s against mem_len."""
+    """Left: val/test quality against the memory length (mem_len, or eval_mem_len for an evaluation sweep); right:
+    cache MB and tokens/s (training's, else evaluation's) against it."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers; must precede pyplot
@@ -81,24 +90,27 @@ def write_plot(rows: list[dict[str, Any]], sweep_dir: Path) -> Path:
 
     measured = [r for r in rows if "mem_len" in r]
     unit = next((r["unit"] for r in measured), "bpb")
-    x = [r["mem_len"] for r in measured]
+    key = x_axis(measured)
+    x = [r[key] for r in measured]
     style = "o-" if len(set(x)) == len(x) else "o"  # several jobs per mem_len (e.g. Optuna): points only
     fig, (quality, cost) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     for split in ("val", "test"):
-        points = [(r["mem_len"], r[f"{split}/{unit}"]) for r in measured if r.get(f"{split}/{unit}") is not None]
+        points = [(r[key], r[f"{split}/{unit}"]) for r in measured if r.get(f"{split}/{unit}") is not None]
         if points:
             quality.plot(*zip(*points, strict=True), style, label=split)
-    quality.set(xlabel="mem_len", ylabel=unit, title=f"{unit} against memory length")
+    quality.set(xlabel=key, ylabel=unit, title=f"{unit} against memory length")
     quality.legend()
     cost.plot(x, [r["cache_mb"] for r in measured], style, color="tab:red")
-    cost.set(xlabel="mem_len", title="cost against memory length")
-    cost.set_ylabel("training cache (MB)", color="tab:red")
+    cost.set(xlabel=key, title="cost against memory length")
+    evaluation = key == "eval_mem_len"
+    cost.set_ylabel(f"{'evaluation' if evaluation else 'training'} cache (MB)", color="tab:red")
     cost.set_ylim(bottom=0)
-    speed = [(r["mem_len"], r["train_tok_s"]) for r in measured if r.get("train_tok_s")]
-    if speed:
+    speed_key = next((k for k in ("train_tok_s", "test/tok_s", "val/tok_s") if any(r.get(k) for r in measured)), None)
+    if speed_key:
         rate = cost.twinx()
-        rate.plot(*zip(*speed, strict=True), style, color="tab:blue")
-        rate.set_ylabel("training tokens/s", color="tab:blue")
+        rate.plot(*zip(*[(r[key], r[speed_key]) for r in measured if r.get(speed_key)], strict=True), style,
+                  color="tab:blue")
+        rate.set_ylabel(f"{'training' if speed_key == 'train_tok_s' else 'evaluation'} tokens/s", color="tab:blue")
         rate.set_ylim(bottom=0)
     path = sweep_dir / "summary.png"
     fig.savefig(path, dpi=100)
