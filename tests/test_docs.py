@@ -78,6 +78,7 @@ SKIP = {
     "python -m xl.bench.port": "needs transformers 4.30.2 (its own environment)",
     "python -m xl.bench.port --rounds 10": "needs transformers 4.30.2 (its own environment)",
     "python -m xl.evaluate": "named in prose by xl/bench/evalspeed.py, not an example (it needs ckpt=)",
+    "python -m xl.convert": "named in prose by docstrings, not an example (it needs SRC and OUT)",
 }
 
 # Appended to a command of each entry point: a tiny model, two steps, a few batches, one thread.
@@ -91,6 +92,7 @@ SCALE = {
     "xl.probe": ["--steps", "2", "--distances", "4", "16"],
     "xl.footprint": [],
     "xl.convert": [],
+    "xl.config_reference": [],
     "xl.bench": ["--steps", "1", "--warmup", "0", "--repeats", "1", "--threads", "1", "--batch", "2",
                  "--tgt-len", "16"],
     "xl.bench.evalspeed": ["--attn-lens", "32", "--tgt-len", "16", "--batch", "2", "--positions", "2",
