@@ -466,6 +466,30 @@ def test_store_pack_unpack_resumes_the_compressive_memory_exactly():
     assert torch.equal(torch.cat(rest, 1), whole[:, 20:])
 
 
+def test_a_packed_memory_of_one_tensor_per_layer_resumes_as_the_memory_it_holds():
+    """Older checkpoints pack the compressive memory as one ``compressed ∘ memory`` tensor per layer, [world, n_layer,
+    B, C+M, d]: unpacked and read, it continues exactly as the memory it holds."""
+    model = make_model(mem_len=4, cmem_len=3, cmem_rate=2)
+    n = model.config.n_layer
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        whole, _ = run_segments(model, tokens, 4)
+        mems = None
+        for start in range(0, 20, 4):
+            mems = model(tokens[:, start:start + 4], mems).mems
+        assert [m.size(1) for m in mems] == [3] * n + [4] * n
+        older = torch.stack([torch.cat([c, m], 1) for c, m in zip(mems[:n], mems[n:], strict=True)])[None]
+        store = MemoryStore()
+        store.unpack(older, 0)
+        mems, rest = store.mems["train"], []
+        assert len(mems) == n
+        for start in range(20, 40, 4):
+            out = model(tokens[:, start:start + 4], mems)
+            mems = out.mems
+            rest.append(out.logits)
+    assert torch.equal(torch.cat(rest, 1), whole[:, 20:])
+
+
 @pytest.mark.parametrize("field,value", [("cmem_len", -1), ("cmem_rate", 0), ("cmem_fn", "max")])
 def test_invalid_compressive_settings_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"XLConfig.{field} must be"):

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from xl.memory import memory_for
 from xl.model import TransformerXL, XLConfig, count_parameters
 
 MiB = 1024 * 1024
@@ -109,10 +110,17 @@ NAMES = {"train_memory": "training memory", "eval_memory": "evaluation memory an
          "parameters": "weights, gradients and AdamW state", "activations": "one training step's activations"}
 
 
+def memory_bytes(config: XLConfig, mem_len: int, batch_size: int, dtype: torch.dtype, seg_len: int | None = None
+                 ) -> int:
+    """Bytes of a full memory of ``config``'s variant (:meth:`xl.memory.Memory.vectors`) for ``batch_size`` rows."""
+    vectors = memory_for(config).vectors(mem_len, seg_len)
+    return vectors * config.d_model * batch_size * torch.empty((), dtype=dtype).element_size()
+
+
 def activation_elements(config: XLConfig, batch: int, tgt_len: int, mem_len: int) -> int:
     """Elements autograd keeps for one training step, plus the backward's transients (the module docstring)."""
     B, L, H, D, d = batch, tgt_len, config.n_head, config.d_head, config.d_model
-    K = mem_len + config.cmem_len + tgt_len
+    K = memory_for(config).keys(mem_len, tgt_len) + tgt_len
     scores = B * H * L * K
     per_layer = ((3 if config.dropatt else 2) * scores + 2 * B * K * H * D + 2 * B * L * H * D
                  + 2 * B * L * config.d_inner + 6 * B * L * d)
@@ -134,9 +142,10 @@ def run_footprint(config: XLConfig, *, batch_size: int, tgt_len: int, eval_batch
     state_dtype = {8: torch.float64, 4: torch.float32, 2: torch.bfloat16}[weight_bytes]
     mem_dtype = config.memory_dtype(state_dtype)
     c = config
-    train = cache_footprint(c.mem_len, c.d_model, c.n_layer, batch_size, mem_dtype, c.cmem_len).bytes
-    eval_states = cache_footprint(eval_mem_len, c.d_model, c.n_layer, eval_batch_size, mem_dtype, c.cmem_len).bytes
-    eval_kv = 2 * (eval_mem_len + c.cmem_len) * c.n_head * c.d_head * c.n_layer * eval_batch_size * act_bytes
+    train = memory_bytes(c, c.mem_len, batch_size, mem_dtype, tgt_len)
+    eval_states = memory_bytes(c, eval_mem_len, eval_batch_size, mem_dtype, tgt_len)
+    eval_keys = memory_for(c).keys(eval_mem_len, tgt_len)
+    eval_kv = 2 * eval_keys * c.n_head * c.d_head * c.n_layer * eval_batch_size * act_bytes
     return RunFootprint(
         train_memory=train,
         eval_memory=eval_states + eval_kv,

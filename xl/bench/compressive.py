@@ -38,11 +38,10 @@ def memories(mem_len: int, rate: int) -> dict[str, dict[str, int]]:
 
 def filled_decoder(model: TransformerXL, batch: int) -> IncrementalDecoder:
     """A decoder after a random prompt long enough to fill the memory and the compressed memory."""
-    cfg = model.config
+    cfg, memory = model.config, model.memory
     decoder = model.decoder(batch)
-    rate = cfg.cmem_rate if cfg.cmem_len else 1
-    prompt = cfg.mem_len + rate * cfg.cmem_len
-    decoder.prefill(torch.randint(0, cfg.vocab_size, (batch, prompt)), seg_len=rate * max(1, cfg.mem_len // rate))
+    prompt = cfg.mem_len + memory.rate * memory.slot_len
+    decoder.prefill(torch.randint(0, cfg.vocab_size, (batch, prompt)), seg_len=cfg.mem_len)
     return decoder
 
 

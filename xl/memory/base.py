@@ -116,6 +116,11 @@ class Memory:
         segments of ``seg_len`` (None: segments whose length the memory's rate divides)."""
         raise NotImplementedError
 
+    def keys(self, mem_len: int, seg_len: int | None = None) -> int:
+        """Keys a layer attends over before a segment once the memory is full: what evaluation's cached keys and
+        values hold per layer (by default the state's vectors of one layer)."""
+        return self.vectors(mem_len, seg_len) // self.config.n_layer
+
     # ---- one segment -----------------------------------------------------------------------------------------------
     def segment_inputs(self, state: list[Tensor], h: Tensor, documents: Documents | None = None) -> Tensor:
         """The first layer's input [B, L', d] from the embedded segment [B, L, d]: the variant's own positions added
