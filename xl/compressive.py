@@ -2,7 +2,7 @@
 Long-Range Sequence Modelling").
 
 Per layer, the states that leave the Transformer-XL memory are compressed ``rate`` to 1 and appended to a
-compressed memory (the update rule is :func:`xl.memory.update_compressive_memory`). Attention then runs over
+compressed memory (the memory variant is :class:`xl.memory.compressive.CompressiveMemory`). Attention then runs over
 ``compressed ∘ memory ∘ segment`` as over one longer key sequence: a compressed slot is an ordinary earlier key
 position, distances are counted in slots. That is the rule the relative shift already computes (no new position
 code, and the path without a compressed memory does no extra work); distances stay monotone in time, since every
@@ -15,8 +15,8 @@ Compression functions (``cmem_fn``):
 - ``conv``: a 1-D convolution with kernel and stride ``rate`` per layer, initialised as mean pooling and trained
   only by the attention-reconstruction loss (:func:`reconstruction_loss`).
 
-Evicted states are grouped oldest first; a last group shorter than ``rate`` (a segment length that is not a
-multiple of the rate, such as a short last segment of an evaluation) is padded by repeating its newest state.
+The compressor maps whole groups of ``rate`` states, oldest first, to one slot each (the memory only ever hands it
+whole groups); given a last group shorter than ``rate`` it pads it by repeating its newest state.
 """
 
 from __future__ import annotations

@@ -85,9 +85,8 @@ def key_offsets(m_len: int, q_len: int, device: torch.device, compressed: int = 
     """Per key of the [memory ∘ segment] context (``m_len`` memory keys, the first ``compressed`` of them
     compressed slots), the offset from the segment's first token of the oldest position it holds: -m_len … -1
     for a memory of single states, 0 … L-1 for the segment. The k-th compressed slot from the newest (k = 1 … C)
-    stands for ``rate`` positions and is taken to begin k·rate positions before the first memory state: exact when
-    every slot summarises ``rate`` states (segments and memory lengths that the rate divides), and otherwise
-    earlier than its true start (a padded group, :mod:`xl.compressive`), so that it is hidden sooner, never later."""
+    summarises ``rate`` positions and begins k·rate positions before the first memory state (the compressive memory
+    compresses whole groups only, :mod:`xl.memory.compressive`)."""
     offsets = torch.arange(-m_len, q_len, device=device)
     if compressed:
         states = m_len - compressed  # single states between the slots and the segment
