@@ -119,8 +119,10 @@ def memory_bytes(config: XLConfig, mem_len: int, batch_size: int, dtype: torch.d
 
 def activation_elements(config: XLConfig, batch: int, tgt_len: int, mem_len: int) -> int:
     """Elements autograd keeps for one training step, plus the backward's transients (the module docstring)."""
-    B, L, H, D, d = batch, tgt_len, config.n_head, config.d_head, config.d_model
-    K = memory_for(config).keys(mem_len, tgt_len) + tgt_len
+    memory = memory_for(config)
+    # Positions a layer runs over (the segment and any the memory adds to it), and the keys each of them sees.
+    B, L, H, D, d = batch, memory.segment_positions(tgt_len), config.n_head, config.d_head, config.d_model
+    K = memory.keys(mem_len, tgt_len) + L
     scores = B * H * L * K
     per_layer = ((3 if config.dropatt else 2) * scores + 2 * B * K * H * D + 2 * B * L * H * D
                  + 2 * B * L * config.d_inner + 6 * B * L * d)
@@ -131,8 +133,8 @@ def activation_elements(config: XLConfig, batch: int, tgt_len: int, mem_len: int
         # The head for every position, and at worst the widest tail cluster; each cluster's embedding lookup
         # and projection, and each tail's selected hidden states.
         outputs = config.cutoffs[0] + tails + max(hi - lo for lo, hi in zip(bounds[1:], bounds[2:], strict=False))
-        adaptive = (2 * (tails + 1) + tails) * B * L * d
-    return config.n_layer * per_layer + scores + 2 * B * L * outputs + adaptive
+        adaptive = (2 * (tails + 1) + tails) * B * tgt_len * d
+    return config.n_layer * per_layer + scores + 2 * B * tgt_len * outputs + adaptive
 
 
 def run_footprint(config: XLConfig, *, batch_size: int, tgt_len: int, eval_batch_size: int, eval_mem_len: int,

@@ -116,6 +116,11 @@ class Memory:
         segments of ``seg_len`` (None: segments whose length the memory's rate divides)."""
         raise NotImplementedError
 
+    def segment_positions(self, seg_len: int) -> int:
+        """Positions the layers run over for a segment of ``seg_len`` tokens (with those :meth:`segment_inputs`
+        adds)."""
+        return seg_len
+
     def keys(self, mem_len: int, seg_len: int | None = None) -> int:
         """Keys a layer attends over before a segment once the memory is full: what evaluation's cached keys and
         values hold per layer (by default the state's vectors of one layer)."""
