@@ -102,6 +102,9 @@ SCALE = {
     "xl.bench.compressive": ["--mem-len", "16", "--batch", "2", "--tgt-len", "16", "--steps", "1", "--decode", "2",
                              "--rounds", "1", "--threads", "1"],
 }
+SCALE_FRONT = {  # put before the command's own arguments: its parser takes Hydra overrides only before its options
+    "xl.probe": ["data.source.episodes=60", "data.source.eval_episodes=20"],
+}
 SCALE_IF = {  # appended when the command selects what the key names
     "hydra/sweeper=optuna_mem": ["hydra.sweeper.n_trials=2"],
 }
@@ -303,7 +306,7 @@ def run_python(args: list[str], workspace: Path, n: int) -> None:
     is put back afterwards, so later tests see the process as it was."""
     name, rest = entry_of(args)
     assert name in SCALE, f"python {' '.join(args)}: no scale-down for {name}; add it to SCALE or SKIP"
-    argv = [*rest, *scaled(name, rest, workspace, n)]
+    argv = [*SCALE_FRONT.get(name, []), *rest, *scaled(name, rest, workspace, n)]
     saved_logging, saved_argv = logging_state(), sys.argv[:]
     try:
         with warnings.catch_warnings():
