@@ -18,6 +18,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.build import build_run, make_datamodule
@@ -108,8 +109,8 @@ def report(trainer, metrics: dict[str, float]) -> None:
     if ckpt is not None and ckpt.last_model_path:
         lines.append(f"  last checkpoint: {ckpt.last_model_path}")
     lines.append(f"  run folder: {trainer.default_root_dir}")
-    for logger in trainer.loggers:
-        if type(logger).__name__ == "WandbLogger" and logger.experiment is not None:
+    for logger in trainer.loggers if trainer.is_global_zero else []:  # other ranks hold no W&B run
+        if isinstance(logger, WandbLogger):
             run = logger.experiment
             where = f"{Path(run.dir).parent} (upload: wandb sync {Path(run.dir).parent})" if run.offline else run.url
             lines.append(f"  W&B run {run.id}: {where}")
