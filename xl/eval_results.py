@@ -19,7 +19,7 @@ from xl.callbacks import write_json
 from xl.console import quiet_wandb
 from xl.documents import bucket_names
 from xl.footprint import cache_footprint
-from xl.runs import recorded_wandb_id
+from xl.runs import recorded_wandb_id, run_setting
 from xl.sweep import RESULTS_FILE
 
 
@@ -93,8 +93,9 @@ def log_results(cfg: DictConfig, values: dict[str, Any]) -> str | None:
     if run_id is None:  # a new run of its own, named and grouped as train.py's runs are
         name, group = run_identity(cfg)
         node.update(name=node.get("name") or name, group=node.get("group") or group, job_type="evaluate")
-    else:  # the evaluated run: its name, group and config stay as training left them
-        node.update(id=run_id, name=None, group=None)
+    else:  # the evaluated run, in its own project: its name, group and config stay as training left them
+        project = run_setting(values["run"], "logger.wandb.project") or node.get("project")
+        node.update(id=run_id, project=project, name=None, group=None)
     logger = build(OmegaConf.create(node), "logger.wandb")
     if run_id is None:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))

@@ -95,6 +95,12 @@ def use_run_data(cfg: DictConfig, ckpt: str, setting: str = "ckpt") -> str | Non
     return str(folder)
 
 
+def run_setting(folder: str | Path | None, key: str) -> Any:
+    """One setting of the run's composed config (None when the folder or the key is absent)."""
+    path = Path(folder) / CONFIG if folder else None
+    return OmegaConf.select(OmegaConf.load(path), key) if path is not None and path.is_file() else None
+
+
 def describe_corpus(identity: dict[str, Any] | None) -> str:
     return identity.get("corpus", identity.get("source", "?")) if identity else "unknown data"
 
