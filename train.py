@@ -57,6 +57,11 @@ def check_resume(cfg: DictConfig) -> None:
     if saved is not None:
         current = make_datamodule(cfg).identity
         if (saved["source"], saved["tokenizer"]) != (current["source"], current["tokenizer"]):
+            if describe_corpus(saved) == describe_corpus(current) and saved["tokenizer"] == current["tokenizer"]:
+                raise CheckpointError(
+                    f"ckpt_path={cfg.ckpt_path} was trained on {describe_corpus(saved)}, whose files have changed "
+                    "since (size or modification time): a resume reads the corpus it was trained on; restore the "
+                    "files, or train a new run on them")
             raise CheckpointError(
                 f"ckpt_path={cfg.ckpt_path} was trained on {describe_corpus(saved)} but this run reads "
                 f"{describe_corpus(current)}; resume with the run's data settings (data, data.train/val/test, "

@@ -331,3 +331,15 @@ def test_a_requeued_run_continues_from_its_folder(tmp_path, corpus, monkeypatch)
     train.fit_and_test(again)
     assert again.ckpt_path.endswith("last.ckpt") and sorted(recorder.losses) == list(range(STOP_AT + 1, STEPS + 1))
     assert all(recorder.losses[s] == whole_losses[s] for s in recorder.losses)
+
+
+def test_resuming_after_the_corpus_files_changed_says_so(tmp_path, corpus):
+    text = tmp_path / "train.txt"
+    text.write_bytes(corpus["train"].read_bytes())
+    fit(resume_cfg(tmp_path, corpus, "first", f"data.train={text}", "trainer.max_steps=3",
+                   "callbacks.model_checkpoint.every_n_train_steps=3"))
+    text.write_bytes(corpus["train"].read_bytes() + b"# one more line\n")
+    ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
+    with pytest.raises(CheckpointError, match=rf"^ckpt_path=.* was trained on data.train \({text}\), whose files "
+                                              r"have changed since \(size or modification time\)"):
+        train.fit_and_test(resume_cfg(tmp_path, corpus, "second", f"data.train={text}", f"ckpt_path={ckpt}"))
