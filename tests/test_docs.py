@@ -110,6 +110,7 @@ SCALE_IF = {  # appended when the command selects what the key names
 }
 SCALE_UNLESS_SET = {  # appended unless the command sets the key itself
     "train.py": ["logger=none"],
+    "xl.evaluate": ["logger=none"],
 }
 
 # The files the docs' commands name, made in the folder the commands run in.
