@@ -490,6 +490,18 @@ def test_a_packed_memory_of_one_tensor_per_layer_resumes_as_the_memory_it_holds(
     assert torch.equal(torch.cat(rest, 1), whole[:, 20:])
 
 
+def test_the_weights_keep_the_names_of_earlier_checkpoints():
+    """The memory's own weights are registered on the model under the names checkpoints have always used."""
+    model = make_model(mem_len=4, cmem_len=4, cmem_rate=2)
+    layer = ["attn.kv_net.weight", "attn.layer_norm.bias", "attn.layer_norm.weight", "attn.o_net.weight",
+             "attn.q_net.weight", "attn.r_net.weight", "attn.r_r_bias", "attn.r_w_bias", "ff.layer_norm.bias",
+             "ff.layer_norm.weight", "ff.net.0.bias", "ff.net.0.weight", "ff.net.3.bias", "ff.net.3.weight"]
+    expected = {"compressor.bias", "compressor.weight", "embed.weight", "head.weight"}
+    expected |= {f"layers.{n}.{name}" for n in range(model.config.n_layer) for name in layer}
+    assert set(model.state_dict()) == expected
+    assert model.compressor.weight.shape == (model.config.n_layer, 16, 16, 2)  # Conv1d's [out, in, kernel] per layer
+
+
 @pytest.mark.parametrize("field,value", [("cmem_len", -1), ("cmem_rate", 0), ("cmem_fn", "max")])
 def test_invalid_compressive_settings_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"XLConfig.{field} must be"):
