@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import re
 import runpy
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,11 +28,12 @@ import xl.build
 import xl.evaluate
 import xl.footprint
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
-from xl.build import RANGES, ConfigError, build_run, check_fits
+from xl.build import ConfigError, build_run, check_fits
 from xl.checkpoint import CheckpointError
 from xl.config import compose as compose_or_explain
 from xl.config import describe_error, describe_type, entry_point
 from xl.data import DataError
+from xl.rules import schema_bounds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +59,7 @@ def assert_nothing_written(tmp_path: Path, cache_too: bool = False) -> None:
 ROWS = {
     # name: (overrides, corpus (train, val) or None, error type, text the message must contain)
     "negative memory": (["memory.mem_len=-1"], None, ConfigError, "memory.mem_len must be an integer >= 0"),
-    "zero batch": (["data.batch_size=0"], None, DataError, "data.batch_size must be at least 1"),
+    "zero batch": (["data.batch_size=0"], None, ConfigError, "data.batch_size must be at least 1, got 0"),
     "zero heads": (["model.n_head=0"], None, ConfigError, "model.n_head must be a positive integer"),
     "odd width": (["model.d_model=31"], None, ConfigError, "model.d_model must be even"),
     "dropout out of range": (["model.dropout=1.0"], None, ConfigError, "model.dropout must be in [0, 1)"),
@@ -157,6 +160,9 @@ def test_a_word_where_a_number_goes_is_one_sentence(key, expected):
     ("~model.n_layer", "model.n_layer cannot be removed; set it to another value"),
     ("memory.mem_len=0,64", "memory.mem_len=0,64 gives several values: add -m to run one job for each, or write "
                             "memory.mem_len=[0,64] for a list"),
+    ("data.tokenizer_kwargs.vocab_size=8000", "data.tokenizer_kwargs.vocab_size is not in the config yet; add it with "
+                                              "a + in front, +data.tokenizer_kwargs.vocab_size=8000 (Hydra's prefix "
+                                              "for a new key)"),
     ("model.n_layer=[1,", "the command line cannot be read (no viable alternative at input '[1,'); see Hydra's "
                           "override grammar"),
 ])
@@ -185,7 +191,7 @@ def test_a_misspelt_key_in_a_config_file_names_the_file(tmp_path):
 BAD_VALUES = {
     "memory.mem_len": -1, "memory.eval_mem_len": -2, "memory.clamp_len": 0, "memory.eval_clamp_len": -3,
     "memory.mem_dtype": "float8", "memory.doc_boundaries": "sometimes", "memory.grad_segments": 0,
-    "memory.cmem_len": -1, "memory.cmem_rate": 0, "memory.cmem_fn": "max",
+    "memory.cmem_len": -1, "memory.cmem_rate": 0, "memory.cmem_fn": "max", "memory.num_tokens": -1,
     "optim.weight_decay": -0.1, "optim.eps": 0.0, "optim.betas": "[0.9,1.5]",
     "trainer.accelerator": "abacus", "trainer.devices": 0, "trainer.num_nodes": 0, "trainer.precision": "fp8",
     "trainer.max_steps": -2, "trainer.max_epochs": -5, "trainer.limit_train_batches": 1.5,
@@ -196,11 +202,17 @@ BAD_VALUES = {
     "callbacks.model_checkpoint.save_last": "always", "callbacks.model_checkpoint.every_n_train_steps": -1,
     "callbacks.lr_monitor.logging_interval": "batch", "callbacks.progress_bar.refresh_rate": -1,
     "compile.mode": "fastest", "seed": -1, "max_nonfinite_steps": 0,
+    "model.n_layer": 0, "model.n_head": -1, "model.d_model": 0, "model.d_head": 0, "model.d_inner": 0,
+    "model.dropout": 1.0, "model.dropatt": -0.1, "model.div_val": 0, "optim.lr": -1.0, "optim.warmup_steps": -1,
+    "optim.min_lr_ratio": 1.5, "data.tokenizer": "sentencepiece", "data.batch_size": 0, "data.eval_batch_size": 0,
+    "data.tgt_len": -1, "data.eval_tgt_len": 0,
 }
 
 
 def test_every_range_rule_is_tested():
-    assert set(BAD_VALUES) == {key for key, *_ in RANGES}
+    """Every key whose schema field declares a bound has a bad value here (the full config: every group)."""
+    cfg = compose_config("data=text", "logger=wandb", "data.train=a", "data.val=b", "data.test=c")
+    assert set(BAD_VALUES) == {key for key, *_ in schema_bounds(cfg)}
 
 
 @pytest.mark.parametrize("key", BAD_VALUES)
@@ -213,14 +225,15 @@ def test_a_value_out_of_range_is_one_sentence_before_any_work(key, tmp_path, cor
 
 
 @pytest.mark.parametrize("override,error,text", [
-    ("optim.lr=0", ConfigError, "optim.lr must be > 0"),
-    ("optim.warmup_steps=-1", ConfigError, "optim.warmup_steps must be >= 0"),
-    ("optim.min_lr_ratio=2", ConfigError, "optim.min_lr_ratio must be in [0, 1]"),
+    ("optim.lr=0", ConfigError, "optim.lr must be a number > 0, got 0"),
+    ("optim.warmup_steps=-1", ConfigError, "optim.warmup_steps must be an integer >= 0, got -1"),
+    ("optim.min_lr_ratio=2", ConfigError, "optim.min_lr_ratio must be a number in [0, 1], got 2"),
     ("model.div_val=0", ConfigError, "model.div_val must be a positive integer"),
-    ("data.tgt_len=0", DataError, "data.tgt_len must be at least 1"),
-    ("data.eval_tgt_len=0", DataError, "data.eval_tgt_len must be at least 1"),
-    ("data.eval_batch_size=0", DataError, "data.eval_batch_size must be at least 1"),
-    ("data.tokenizer=sentencepiece", DataError, "data.tokenizer must be one of"),
+    ("data.tgt_len=0", ConfigError, "data.tgt_len must be at least 1"),
+    ("data.eval_tgt_len=0", ConfigError, "data.eval_tgt_len must be at least 1"),
+    ("data.eval_batch_size=0", ConfigError, "data.eval_batch_size must be at least 1"),
+    ("data.tokenizer=sentencepiece", ConfigError,
+     "data.tokenizer must be one of byte, char, word, bpe, unigram, got 'sentencepiece'"),
     ("data.tokenizer=word data.tokenizer_kwargs={min_freq:0}", DataError,
      "data.tokenizer_kwargs.min_freq must be at least 1"),
     ("+model.n_layers=5", ConfigError, "model.n_layers is not a setting; model has n_layer, n_head"),
@@ -380,3 +393,43 @@ def test_the_composed_config_keeps_its_types_for_the_run(tmp_path, corpus):
     cfg = compose_config(*tiny_overrides(tmp_path, corpus))
     assert OmegaConf.get_type(cfg.model).__name__ == "ModelSchema"
     assert OmegaConf.get_type(cfg.trainer).__name__ == "TrainerSchema"
+
+
+# ---- docs/bad-input.md: every row is true ------------------------------------------------------------------------
+BAD_INPUT_PAGE = ROOT / "docs" / "bad-input.md"
+
+
+def page_rows(columns: int) -> list[tuple[str, ...]]:
+    """The rows of the page's tables with ``columns`` cells, each cell a code span."""
+    cell = r"\s*`([^`]+)`\s*"
+    return [m.groups() for line in BAD_INPUT_PAGE.read_text().splitlines()
+            if (m := re.fullmatch(r"\|" + r"\|".join([cell] * columns) + r"\|", line))]
+
+
+def settings_rows() -> list[Any]:
+    page = BAD_INPUT_PAGE.read_text()
+    without_gpu = page.split("Without a CUDA GPU", 1)[1].split("##", 1)[0]
+    rows = []
+    for given, seen in page_rows(2):
+        marks = [pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")] if given in without_gpu \
+            else []
+        rows.append(pytest.param(given, seen, marks=marks, id=given))
+    return rows
+
+
+@pytest.mark.parametrize("given,seen", settings_rows())
+def test_each_row_of_the_bad_input_page_is_what_the_run_says(given, seen, tmp_path, corpus):
+    with pytest.raises((ConfigError, DataError, CheckpointError)) as info:
+        cfg = compose_or_explain("config", [*tiny_overrides(tmp_path, corpus), *shlex.split(given)])
+        build_run(cfg)
+    sentence = "error: " + str(info.value)
+    assert sentence.startswith(seen.removesuffix("…").rstrip()) if seen.endswith("…") else sentence == seen
+    assert_nothing_written(tmp_path)
+
+
+def test_each_other_row_of_the_bad_input_page_names_a_test_that_exists():
+    rows = [row for row in BAD_INPUT_PAGE.read_text().splitlines() if row.count("|") == 4 and "::test_" in row]
+    assert len(rows) >= 8
+    for row in rows:
+        path, name = re.search(r"`(tests/\S+\.py)::(test_\w+)`", row).groups()
+        assert f"def {name}(" in (ROOT / path).read_text(), row

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -14,12 +15,17 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, compose_config
 from tests.test_experiments import closed_form_parameters
-from xl.build import ConfigError, build_callbacks, build_loggers, check_device, check_memory, model_config
+from xl import schema as xl_schema
+from xl.build import ConfigError, build_callbacks, build_loggers, check_device, model_config
 from xl.config import CALLBACKS, LOGGERS, SCHEMAS, FilesDataSchema, MemorySchema, ModelSchema, OptimSchema
 from xl.config import compose as compose_or_explain
+from xl.config_reference import generated_part, reference
 from xl.data import SegmentDataModule
+from xl.data.tokenizers import TOKENIZERS
+from xl.footprint import PRECISION_BYTES
 from xl.lit import OptimConfig, XLLitModule
 from xl.model import XLConfig, count_parameters
+from xl.rules import check_memory
 
 
 def options(group: str) -> list[str]:
@@ -191,9 +197,10 @@ def names(schema: type) -> set[str]:
 
 
 def test_schema_mirrors_the_code_it_configures():
-    context = {"mem_len", "clamp_len", "same_length", "mem_dtype", "cmem_len", "cmem_rate", "cmem_fn"}
+    context = {"mem_len", "clamp_len", "same_length", "mem_dtype", "cmem_len", "cmem_rate", "cmem_fn", "num_tokens"}
     xl_fields = {f.name for f in dataclasses.fields(XLConfig)}
-    assert names(ModelSchema) == xl_fields - context - {"vocab_size"}
+    from_data = {"vocab_size", "tokens_seg_len"}  # the data's vocabulary, and its segment length (data.tgt_len)
+    assert names(ModelSchema) == xl_fields - context - from_data
     module_memory = {"doc_boundaries", "grad_segments"}  # memory settings of the Lightning module, not of the model
     assert {n for n in names(MemorySchema) if not n.startswith("eval_")} == context | module_memory
     assert module_memory <= set(inspect.signature(XLLitModule).parameters)
@@ -256,3 +263,14 @@ def test_option_files_state_only_what_differs(group, option):
     for entry in entries:
         base = OmegaConf.to_container(OmegaConf.merge(base, parent_defaults(group, entry)))
     assert restated(body, base) == []
+
+
+def test_the_configuration_page_is_the_schema():
+    """docs/configuration.md's tables are what ``python -m xl.config_reference`` prints from the schema."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    assert generated_part(page) == reference(), "regenerate the tables with python -m xl.config_reference"
+
+
+def test_the_schema_names_every_tokenizer_the_data_accepts():
+    assert set(xl_schema.TOKENIZERS) == set(TOKENIZERS)
+    assert set(xl_schema.PRECISIONS) == set(PRECISION_BYTES)

@@ -58,7 +58,6 @@ SKIP = {
     "hydra.launcher.partition=gpu hydra.launcher.timeout_min=1440": "needs a SLURM cluster",
     "python -m xl.bench.gpu": "needs a CUDA GPU",
     "python -m xl.bench.gpu --experiment enwik8_base": "needs a CUDA GPU",
-    "python -m xl.gpucheck": "needs a CUDA GPU",
     # downloads and accounts
     "python train.py data=wikitext103": "downloads WikiText-103",
     "python train.py data=wikitext103 model.cutoffs=[20000,40000,200000] model.div_val=4": "downloads WikiText-103",

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from xl.build import build_run
-from xl.lit import XLLitModule, warmup_cosine
+from xl.lit import XLLitModule
+from xl.optim import warmup_cosine
 
 
 class Recorder(L.Callback):

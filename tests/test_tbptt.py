@@ -21,8 +21,9 @@ from xl import attention
 from xl.build import ConfigError, build_run
 from xl.config import compose
 from xl.footprint import segment_activation_bytes
-from xl.lit import XLLitModule, warmup_cosine
+from xl.lit import XLLitModule
 from xl.model import TransformerXL, XLConfig
+from xl.optim import warmup_cosine
 
 TINY = dict(vocab_size=64, n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, mem_len=8)
 

@@ -23,7 +23,7 @@ The cache is exact: one tensor per layer holds that layer's input for the last `
   the mixed precisions, an upper estimate.
 
 It leaves out the allocator's slack, the CUDA context and library workspaces, so a run estimated near the
-device's memory may still not fit: :func:`xl.build.check_fits` warns above 80% and refuses above 100%.
+device's memory may still not fit: :func:`xl.rules.check_fits` warns above 80% and refuses above 100%.
 ``python -m xl.footprint`` prints the cache table, one cache, or a whole run's estimate (``--run``).
 """
 
@@ -37,12 +37,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from xl.data import make_tokenizer
 from xl.memory import memory_for
 from xl.model import TransformerXL, XLConfig, count_parameters
+from xl.rules import NAMES, SETTINGS, WARN_FRACTION, model_values, processes_per_device, verdict  # noqa: F401
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
-WARN_FRACTION = 0.8  # of the device's free memory: above it a run is warned about, above all of it refused
 # Bytes per element of the weights (and their gradients and AdamW moments) and of the activations.
 PRECISION_BYTES = {"64-true": (8, 8), "32-true": (4, 4), "bf16-mixed": (4, 4), "16-mixed": (4, 4),
                    "bf16-true": (2, 2), "16-true": (2, 2)}
@@ -99,15 +100,6 @@ class RunFootprint:
 
     def largest(self) -> str:
         return max(self.parts(), key=self.parts().get)
-
-
-# The settings that shrink each part (for the message of a run that cannot fit).
-SETTINGS = {"train_memory": "memory.mem_len or data.batch_size",
-            "eval_memory": "memory.eval_mem_len or data.eval_batch_size",
-            "parameters": "the model (model.n_layer, model.d_model, model.d_inner)",
-            "activations": "data.tgt_len, data.batch_size or memory.mem_len"}
-NAMES = {"train_memory": "training memory", "eval_memory": "evaluation memory and its keys/values",
-         "parameters": "weights, gradients and AdamW state", "activations": "one training step's activations"}
 
 
 def memory_bytes(config: XLConfig, mem_len: int, batch_size: int, dtype: torch.dtype, seg_len: int | None = None
@@ -169,12 +161,6 @@ def available_memory(cuda: bool) -> tuple[int, str]:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's free RAM"
 
 
-def verdict(footprint: RunFootprint, available: int, processes: int = 1) -> str:
-    """Whether the run fits: ``fits``, ``close`` (above WARN_FRACTION of the available memory) or ``too big``."""
-    need = footprint.total * processes
-    return "too big" if need > available else "close" if need > WARN_FRACTION * available else "fits"
-
-
 def describe_run(footprint: RunFootprint, available: int, where: str, processes: int = 1) -> str:
     """A table of the estimate, how it compares with the device's memory, and what to lower if it does not fit."""
     lines = [f"{NAMES[name]:<40} {size / GiB:>10.3f} GiB" for name, size in footprint.parts().items()]
@@ -210,14 +196,36 @@ SEED_CONFIGS = [(512, 768, 12, 8), (512, 1024, 24, 8), (1024, 1024, 24, 8), (204
 
 def print_run(overrides: list[str]) -> None:
     """The estimate of the training run that ``python train.py OVERRIDES`` would start, against this machine."""
-    from xl.build import check_device, run_estimate
     from xl.config import compose, exit_on_user_error
+    from xl.rules import check_device
 
     with exit_on_user_error():
         cfg = compose("config", overrides)
         cuda = check_device(cfg)
         footprint, processes = run_estimate(cfg)
     print(describe_run(footprint, *available_memory(cuda), processes))
+
+
+def vocabulary_bound(cfg: Any) -> int:
+    """The smallest vocabulary a composed config's data can give, before its tokenizer is fitted (byte: exactly
+    256)."""
+    tokenizer = make_tokenizer(cfg.data.tokenizer, **(cfg.data.tokenizer_kwargs or {}))
+    cutoffs = cfg.model.cutoffs
+    return max(tokenizer.vocab_size, cutoffs[-1] + 1 if cutoffs else 0)
+
+
+def run_estimate(cfg: Any, vocab_size: int | None = None) -> tuple[RunFootprint, int]:
+    """The estimate for one device of the training run a composed config describes, and how many processes share
+    that device's memory (xl.rules.processes_per_device); ``vocab_size`` defaults to :func:`vocabulary_bound`."""
+    data, memory = cfg.data, cfg.memory
+    config = XLConfig.from_dict(model_values(cfg, vocab_size or vocabulary_bound(cfg)))
+    eval_batch = data.batch_size if data.eval_batch_size is None else data.eval_batch_size
+    eval_mem_len = memory.mem_len if memory.eval_mem_len is None else memory.eval_mem_len
+    precision = str(cfg.trainer.precision)
+    footprint = run_footprint(config, batch_size=data.batch_size, tgt_len=data.tgt_len, eval_batch_size=eval_batch,
+                              eval_mem_len=eval_mem_len, precision=precision if precision in PRECISION_BYTES
+                              else "32-true")
+    return footprint, processes_per_device(cfg)
 
 
 def segment_activation_bytes(config: XLConfig, batch_size: int, tgt_len: int) -> int:

@@ -19,51 +19,26 @@ Windows restart at every epoch (with the streams); an epoch's last window may be
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from xl.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
-from xl.documents import MODES, Documents, split_batch
+from xl.documents import Documents, split_batch
 from xl.footprint import cache_footprint
 from xl.memory import MemoryStore, packed_size
 from xl.metrics import UNITS, LMMetrics, quality, quality_name
-from xl.model import TransformerXL, XLConfig, XLOutput, check_compressive, check_context
+from xl.model import TransformerXL, XLConfig, XLOutput
+from xl.nonfinite import NonFiniteError, agree_across_ranks  # noqa: F401 (NonFiniteError: re-exported)
+from xl.optim import OptimConfig, adamw, clip, warmup_cosine_schedule
+from xl.rules import DOC_BOUNDARIES, check_compressive, check_context, check_grad_segments
 
 log = logging.getLogger(__name__)
-
-
-class NonFiniteError(RuntimeError):
-    """Training produced non-finite losses or gradients too many steps in a row."""
-
-
-@dataclass
-class OptimConfig:
-    """AdamW with linear warm-up then cosine decay to ``min_lr_ratio × lr`` (the paper's schedule)."""
-
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        self.betas = tuple(self.betas)
 
 
 def batch_rows(batch: tuple[Tensor, ...]) -> int:
@@ -74,24 +49,6 @@ def batch_rows(batch: tuple[Tensor, ...]) -> int:
 def batch_tokens(batch: tuple[Tensor, ...]) -> int:
     """Tokens in a segment batch, so that throughput is reported in tokens/s."""
     return batch[0].numel()
-
-
-def check_grad_segments(grad_segments: Any, mem_len: int) -> None:
-    """Refuse a window length that is not a positive integer, or windows without a memory to carry gradients."""
-    if not isinstance(grad_segments, int) or isinstance(grad_segments, bool) or grad_segments < 1:
-        raise ValueError(f"memory.grad_segments must be a positive integer (1: stop the gradient at every segment, "
-                         f"as Transformer-XL does), got {grad_segments!r}")
-    if grad_segments > 1 and mem_len == 0:
-        raise ValueError(f"memory.grad_segments={grad_segments} needs memory.mem_len > 0: without a memory no "
-                         "gradient crosses segments")
-
-
-def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """LR multiplier: linear from 0 to 1 over ``warmup`` steps, then cosine down to ``min_ratio``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class XLLitModule(L.LightningModule):
@@ -114,7 +71,7 @@ class XLLitModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.config = XLConfig.from_dict(dict(model))
-        check_grad_segments(grad_segments, self.config.mem_len)
+        check_grad_segments(grad_segments, self.config.mem_len, self.config.cmem_len, self.config.num_tokens)
         self.grad_segments = grad_segments
         self._window: list[Tensor] = []  # losses of the open window, back-propagated when it closes
         self._window_closes = True  # the current segment is the last of its window
@@ -132,15 +89,12 @@ class XLLitModule(L.LightningModule):
         if max_nonfinite_steps < 1:
             raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
         self.max_nonfinite_steps = max_nonfinite_steps
-        if doc_boundaries not in MODES:
+        if doc_boundaries not in DOC_BOUNDARIES:
             raise ValueError(f"memory.doc_boundaries must be reset or ignore, got {doc_boundaries!r}")
         self.doc_boundaries = doc_boundaries
         if self.config.cmem_len:  # refused here, before a run, not by the first forward
             check_compressive(self.config.cmem_len, self.config.cmem_rate, self.config.cmem_fn,
                               self.eval_context["same_length"])
-            if grad_segments > 1:
-                raise ValueError("the compressed memory is always detached, so gradients cannot cross segments "
-                                 "through it; set memory.grad_segments=1 with memory.cmem_len > 0")
         if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context["mem_len"]):
             log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
                      "segment are hidden")
@@ -320,11 +274,8 @@ class XLLitModule(L.LightningModule):
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
             super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
             return
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if gradient_clip_algorithm == "value":
-            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
-        else:
-            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+        params = (p for group in optimizer.param_groups for p in group["params"])
+        clip(params, gradient_clip_val, gradient_clip_algorithm)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.global_step % self.trainer.log_every_n_steps == 0:
@@ -448,28 +399,7 @@ class XLLitModule(L.LightningModule):
         self.logger.log_hyperparams(info)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        o = self.optim
-        # Fused: one kernel for all parameters (on CPU, ~6x faster than the default foreach step at config S),
-        # and it honours the on-device skip of non-finite steps (on_before_optimizer_step). Under 16-mixed the
-        # GradScaler must unscale the gradients before clipping, which a fused optimizer would do inside its step:
-        # there the foreach implementation runs, and the scaler skips bad steps itself.
         scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None
-        optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=o.lr, betas=o.betas, eps=o.eps, fused=not scaled, foreach=True if scaled else None,
-        )
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: warmup_cosine(step, o.warmup_steps, total, o.min_lr_ratio)
-        )
+        optimizer = adamw(self.model, self.optim, scaled)
+        scheduler = warmup_cosine_schedule(optimizer, self.optim, max(1, int(self.trainer.estimated_stepping_batches)))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def agree_across_ranks(flag: Tensor) -> Tensor:
-    """``flag`` if any rank raised it: one all-reduce on the device, so the host does not wait."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        flag = flag.to(torch.uint8)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return flag.bool()

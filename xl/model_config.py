@@ -1,5 +1,5 @@
-"""The model's settings (:class:`XLConfig`) and the checks on them; imports nothing from :mod:`xl.model`, so
-config code can use them without loading the model."""
+"""The model's settings (:class:`XLConfig`), checked by :mod:`xl.rules` when made; imports nothing from
+:mod:`xl.model`, so config code can use them without loading the model."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 
 import torch
 
-from xl.compressive import COMPRESSION_FNS
+from xl.rules import MEM_DTYPE_NAMES, check_compressive, check_context, check_model
 
-MEM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MEM_DTYPES = {name: getattr(torch, name) for name in MEM_DTYPE_NAMES}
+__all__ = ["MEM_DTYPES", "XLConfig", "check_compressive", "check_context"]
 
 
 @dataclass
@@ -46,37 +47,15 @@ class XLConfig:
     cmem_len: int = 0
     cmem_rate: int = 3
     cmem_fn: str = "conv"
+    # Memory tokens (Bulatov et al., 2022; :mod:`xl.memory.tokens`): num_tokens vectors read at each segment's start
+    # and written at its end, on top of the cache (mem_len >= 0); tokens_seg_len: the text tokens between two writes
+    # when decoding one token at a time (the training segment length). 0: no memory tokens.
+    num_tokens: int = 0
+    tokens_seg_len: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"XLConfig.{name} must be a positive integer, got {value!r}")
-        if self.d_model % 2:
-            raise ValueError(f"XLConfig.d_model must be even for sinusoidal positions, got {self.d_model}")
-        for name in ("dropout", "dropatt"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"XLConfig.{name} must be in [0, 1), got {value!r}")
-        check_context(self.mem_len, self.clamp_len, self.same_length)
         self.cutoffs = tuple(self.cutoffs)
-        if any(not isinstance(c, int) or isinstance(c, bool) for c in self.cutoffs) or list(self.cutoffs) != sorted(
-            set(self.cutoffs)
-        ) or (self.cutoffs and not 0 < self.cutoffs[0] <= self.cutoffs[-1] < self.vocab_size):
-            raise ValueError(
-                f"XLConfig.cutoffs must be strictly increasing integers between 0 and vocab_size "
-                f"({self.vocab_size}), exclusive, got {list(self.cutoffs)}"
-            )
-        if not isinstance(self.div_val, int) or isinstance(self.div_val, bool) or self.div_val < 1:
-            raise ValueError(f"XLConfig.div_val must be a positive integer, got {self.div_val!r}")
-        if self.d_model // self.div_val ** len(self.cutoffs) < 1:
-            raise ValueError(
-                f"XLConfig.div_val={self.div_val} leaves the last of {len(self.cutoffs) + 1} clusters with width 0 "
-                f"(d_model {self.d_model}); lower div_val or use fewer cutoffs"
-            )
-        if self.mem_dtype not in MEM_DTYPES:
-            raise ValueError(f"XLConfig.mem_dtype must be one of {sorted(MEM_DTYPES)}, got {self.mem_dtype!r}")
-        check_compressive(self.cmem_len, self.cmem_rate, self.cmem_fn, self.same_length)
+        check_model(self)  # the rules, with every other config rule, live in xl.rules
 
     def memory_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
         """The dtype the cache is stored in when the layer states are ``compute_dtype``."""
@@ -93,25 +72,3 @@ class XLConfig:
             raise ValueError(f"unknown XLConfig field(s) {unknown}; valid fields are {sorted(known)}")
         return cls(**values)
 
-
-def check_context(mem_len: int, clamp_len: int, same_length: bool) -> None:
-    """Validate the memory/attention context (also used for evaluation overrides)."""
-    if not isinstance(mem_len, int) or mem_len < 0:
-        raise ValueError(f"mem_len must be an integer >= 0, got {mem_len!r}")
-    if not isinstance(clamp_len, int) or clamp_len < -1 or clamp_len == 0:
-        raise ValueError(f"clamp_len must be -1 (off) or a positive integer, got {clamp_len!r}")
-    if same_length and mem_len == 0:
-        raise ValueError("same_length=True needs mem_len > 0: the attention window is mem_len keys wide")
-
-
-def check_compressive(cmem_len: int, cmem_rate: int, cmem_fn: str, same_length: bool) -> None:
-    """Validate the compressed memory's settings (also against an evaluation's same_length)."""
-    if not isinstance(cmem_len, int) or isinstance(cmem_len, bool) or cmem_len < 0:
-        raise ValueError(f"XLConfig.cmem_len must be an integer >= 0, got {cmem_len!r}")
-    if not isinstance(cmem_rate, int) or isinstance(cmem_rate, bool) or cmem_rate < 1:
-        raise ValueError(f"XLConfig.cmem_rate must be an integer >= 1, got {cmem_rate!r}")
-    if cmem_fn not in COMPRESSION_FNS:
-        raise ValueError(f"XLConfig.cmem_fn must be one of {', '.join(COMPRESSION_FNS)}, got {cmem_fn!r}")
-    if cmem_len and same_length:
-        raise ValueError("same_length=True hides the compressed memory (its window is mem_len keys wide); "
-                         "set same_length=false with XLConfig.cmem_len > 0")

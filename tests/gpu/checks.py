@@ -1,38 +1,28 @@
-"""What only a GPU can show, in one command: ``python -m xl.gpucheck`` (a CUDA machine, a few minutes).
+"""What only a GPU can show, as checks that the tests in this folder run: real Lightning Trainers built from the
+project's Hydra config by :func:`xl.build.build_run`, on a small corpus written to a temporary folder.
 
-Real Lightning Trainers, built from the project's Hydra config by :func:`xl.build.build_run` on a small corpus
-written to a temporary folder (standard-library sources), check:
+- precision: training steps with gradient clipping under bf16-mixed, 16-mixed and 32-true; the losses are finite,
+  the clipped gradient norm stays within ``trainer.gradient_clip_val`` and the weights change;
+- resume: N steps straight against N/2, a stop mid-epoch and a resume from ``last.ckpt`` for N/2: identical weights
+  (bitwise where two straight runs are; else within 10x their own difference);
+- eval memory: validation's memory and cached keys/values are released when it ends, and the CUDA memory allocated
+  falls back;
+- decoding: one-token decoding (:func:`xl.generate.generate`) picks, in float32, what the forward pass over the whole
+  text picks;
+- compressive memory: training with the learned compressor and document masks over compressed slots, then its
+  one-token decoder fills the compressed memory;
+- throughput: the GPU benchmark (``python -m xl.bench.gpu``), briefly, config S and enwik8_base.
 
-- precision: training steps with gradient clipping under bf16-mixed, 16-mixed and 32-true; the losses are
-  finite, the clipped gradient norm stays within ``trainer.gradient_clip_val`` and the weights change;
-- resume: N steps straight against N/2, a stop mid-epoch and a resume from ``last.ckpt`` for N/2, bf16-mixed:
-  identical weights (bitwise where two straight runs are; else the difference is reported next to theirs);
-- eval memory: validation's memory and cached keys/values are released when it ends (``module.memory``), and
-  the CUDA memory allocated falls back;
-- decoding: one-token decoding (:func:`xl.generate.generate`) picks, in float32, what the forward pass over the
-  whole text picks;
-- compressive memory: training with the learned compressor and document masks over compressed slots (finite
-  losses, the compressor learns), then its one-token decoder fills the compressed memory;
-- throughput: the GPU benchmark (``python -m xl.bench.gpu``) in bf16, config S and enwik8_base, briefly.
-
-One PASS/FAIL line per check and a summary; the exit status is 1 if any check failed. ``--device cpu`` is a dry
-run for CI: the same code paths on the CPU with smaller settings (16-mixed, CUDA-only, is skipped).
+Each check returns a :class:`Result` (PASS/FAIL and the figures it measured). The ``cpu`` plan runs the same code on
+the CPU at tiny sizes (16-mixed, CUDA-only, is left out): the dry run of the default suite.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import inspect
-import logging
 import math
-import os
-import sys
-import tempfile
-import time
-import traceback
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +32,11 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from xl.bench.gpu import measure, peak_tflops
+from xl.build import build_run
 from xl.config import compose
+from xl.generate import generate
+from xl.model import TransformerXL, XLConfig
 
 CLIP_SLACK = 1e-3  # relative: clip_grad_norm_ scales to clip / (norm + 1e-6), a hair under the clip value
 DECODE_TOLERANCE = 1e-4  # float32 logits of the cached decoder against the full forward, relative to their scale
@@ -167,8 +161,6 @@ def max_difference(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
 
 def fit_recorded(ctx: Context, *overrides: str) -> tuple[Any, TrainingRecorder, dict[str, Tensor], dict[str, Tensor]]:
     """A run of ``train_steps`` steps: the run, its recorded losses and gradient norms, the weights before and after."""
-    from xl.build import build_run
-
     steps = ctx.plan.train_steps
     run = build_run(ctx.compose(*overrides, f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}"))
     recorder = TrainingRecorder()
@@ -214,8 +206,6 @@ def check_resume(ctx: Context) -> Result:
 
 
 def resume(ctx: Context, deterministic: bool) -> Result:
-    from xl.build import build_run
-
     n = ctx.plan.resume_steps
     common = ("model.dropout=0.1", "trainer.limit_train_batches=4", "trainer.val_check_interval=3",
               f"precision={ctx.plan.run_precision}", "callbacks.model_checkpoint.monitor=null",
@@ -254,8 +244,6 @@ class HeldBytes(L.Callback):
 
 def check_eval_memory(ctx: Context) -> Result:
     """After ``trainer.validate`` the val memory holds nothing and CUDA memory is back where it was."""
-    from xl.build import build_run
-
     p = ctx.plan
     cfg = ctx.compose(f"data.eval_batch_size={p.eval_rows}", f"memory.eval_mem_len={p.eval_mem_len}",
                       f"trainer.limit_val_batches={p.val_batches}", f"precision={p.run_precision}")
@@ -283,9 +271,6 @@ def check_eval_memory(ctx: Context) -> Result:
 
 def check_decoding(ctx: Context) -> Result:
     """Greedy tokens of the cached decoder are the argmax (within tolerance) of a float32 forward over the text."""
-    from xl.generate import generate
-    from xl.model import TransformerXL, XLConfig
-
     device = torch.device(ctx.plan.device)
     torch.manual_seed(0)
     cfg = XLConfig(vocab_size=256, n_layer=4, n_head=4, d_model=128, d_head=32, d_inner=512, dropout=0.0, mem_len=64)
@@ -348,8 +333,6 @@ def full_float32() -> Iterator[None]:
 
 def check_throughput(ctx: Context, experiment: str, overrides: tuple[str, ...], batch: int | None) -> Result:
     """A brief run of the GPU benchmark; its figures are printed, its training loss must stay finite."""
-    from xl.bench.gpu import measure, peak_tflops
-
     device = torch.device(ctx.plan.device)
     _, peak = peak_tflops(device)
     cfg, batch, tgt_len, r = measure(experiment, ctx.plan.bench_precision, device, ctx.plan.bench_steps, 3,
@@ -363,86 +346,3 @@ def check_throughput(ctx: Context, experiment: str, overrides: tuple[str, ...], 
         detail += f", peak memory {r['peak_gib']:.2f} GiB"
     ok = math.isfinite(r["tokens_per_s"]) and r["tokens_per_s"] > 0 and math.isfinite(r["loss"])
     return Result("PASS" if ok else "FAIL", detail + f", last loss {r['loss']:.3f}")
-
-
-def checks(plan: Plan) -> list[tuple[str, Callable[[Context], Result]]]:
-    """(name, check) in the order they run."""
-    named: list[tuple[str, Callable[[Context], Result]]] = []
-    for precision in ("bf16-mixed", "16-mixed", "32-true"):
-        if precision in plan.precisions:
-            named.append((f"precision {precision}", lambda ctx, p=precision: check_precision(ctx, p)))
-        else:
-            named.append((f"precision {precision}", lambda ctx: Result("SKIP", "needs CUDA (dry run on the CPU)")))
-    named += [("resume", check_resume), ("eval memory", check_eval_memory), ("decoding", check_decoding),
-              ("compressive memory", check_compressive)]
-    for experiment, overrides, batch in plan.bench:
-        named.append((f"throughput {experiment}",
-                      lambda ctx, e=experiment, o=overrides, b=batch: check_throughput(ctx, e, o, b)))
-    return named
-
-
-@contextmanager
-def quiet(verbose: bool) -> Iterator[None]:
-    """Lightning's informational lines and warnings off, unless asked for."""
-    if verbose:
-        yield
-        return
-    loggers = [logging.getLogger(name) for name in ("lightning", "lightning.pytorch", "lightning.fabric", "xl")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
-def describe(device: str) -> str:
-    if device == "cuda":
-        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}"
-    return f"CPU dry run, torch {torch.__version__}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m xl.gpucheck", description=__doc__.splitlines()[0])
-    p.add_argument("--device", choices=tuple(PLANS), default="cuda",
-                   help="cuda (the check), or cpu: a quick dry run of the same code paths")
-    p.add_argument("--only", action="append", metavar="NAME",
-                   help="run only the checks whose name starts with NAME (repeatable), e.g. --only resume")
-    p.add_argument("--verbose", action="store_true", help="show Lightning's output and warnings, and tracebacks")
-    args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("error: no CUDA GPU is visible to torch on this machine, so there is nothing to check; run "
-                 "python -m xl.gpucheck on a GPU machine (or add --device cpu for a dry run of the checks' code)")
-    # Before any cuBLAS call: what deterministic cuBLAS needs (Lightning sets it too, but only when a trainer starts).
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    plan = PLANS[args.device]
-    selected = [(name, check) for name, check in checks(plan)
-                if not args.only or any(name.startswith(prefix) for prefix in args.only)]
-    print(f"xl.gpucheck on {describe(args.device)}: {len(selected)} checks", flush=True)
-    counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="xl-gpucheck-") as tmp:
-        ctx = Context(plan, Path(tmp))
-        ctx.corpus = write_corpus(ctx.folder / "corpus")
-        for name, check in selected:
-            began = time.perf_counter()
-            try:
-                with quiet(args.verbose):
-                    result = check(ctx)
-            except Exception as err:  # a check that crashes is a failed check; the others still run
-                if args.verbose:
-                    traceback.print_exc()
-                result = Result("FAIL", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
-            counts[result.status] += 1
-            print(f"{result.status}  {name:<22} {result.detail} ({time.perf_counter() - began:.0f} s)", flush=True)
-    print(f"summary: {counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped "
-          f"in {time.perf_counter() - start:.0f} s")
-    return 1 if counts["FAIL"] else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
