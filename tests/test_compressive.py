@@ -145,6 +145,40 @@ def test_the_decoder_equals_the_forward_pass_for_any_prompt_length(fn, rate, mem
         assert decoder.slots == cmem_len
 
 
+@pytest.mark.parametrize("rate,mem_len,cmem_len,seg_len,prompt_len",
+                         [(3, 4, 2, 5, 7), (2, 3, 3, 4, 6), (3, 5, 2, 2, 1)])
+def test_the_decoder_equals_the_forward_pass_with_documents(rate, mem_len, cmem_len, seg_len, prompt_len):
+    """Documents starting anywhere, in the prompt (``starts``) and while feeding (``reset_rows``): every logit is the
+    forward pass's over the same segments with the same document positions (float64)."""
+    from xl.documents import Documents, positions
+
+    model = make_model(mem_len=mem_len, cmem_len=cmem_len, cmem_rate=rate, cmem_fn="conv")
+    perturb_compressor(model)
+    T = prompt_len + 40
+    text = torch.randint(0, TINY["vocab_size"], (2, T), generator=torch.Generator().manual_seed(12))
+    starts = torch.zeros(2, T, dtype=torch.bool)
+    starts[:, 0] = True
+    starts[0, [3, 11, 26, 31]] = True
+    starts[1, [prompt_len, 20, 21]] = True
+    decoder = model.decoder(2)
+    got = [decoder.prefill(text[:, :prompt_len], seg_len, starts[:, :prompt_len])]
+    for t in range(prompt_len, T):
+        decoder.reset_rows(starts[:, t])
+        got.append(decoder.feed(text[:, t]))
+    pos = positions(starts)
+    lengths = [seg_len] * (prompt_len // seg_len) + [prompt_len % seg_len] * bool(prompt_len % seg_len) + [1] * 40
+    mems, want, at = None, [], 0
+    with torch.no_grad():
+        for length in lengths:
+            out = model(text[:, at:at + length], mems, documents=Documents.from_positions(pos[:, at:at + length]))
+            mems, at = out.mems, at + length
+            want.append(out.logits)
+    want = torch.cat(want, 1)[:, prompt_len - 1:]
+    torch.testing.assert_close(torch.stack(got, 1), want, rtol=1e-10, atol=1e-10)
+    with torch.no_grad():  # the documents do hide keys
+        assert (read_in_segments(model, text, lengths)[:, prompt_len - 1:] - want).abs().max() > 1e-6
+
+
 # --- documents ----------------------------------------------------------------------------------------------------
 
 
