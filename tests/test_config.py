@@ -64,6 +64,7 @@ MEMORY = {  # mem_len, eval_mem_len, clamp_len, eval_clamp_len, same_length, eva
     "default": (128, None, -1, None, False, None),
     "long": (256, 1024, -1, None, False, True),
     "compressive": (64, None, -1, None, False, None),
+    "tokens": (128, None, -1, None, False, None),  # 4 memory tokens on top of memory=default's cache
 }
 
 

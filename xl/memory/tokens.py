@@ -1,0 +1,186 @@
+"""Memory tokens: the Recurrent Memory Transformer (Bulatov, Kuratov and Burtsev, NeurIPS 2022), in the decoder-only
+form that their LM-RMT puts on Transformer-XL, optionally on top of the Transformer-XL cache.
+
+A segment of ``L`` text tokens gets ``n = num_tokens`` memory tokens at each end; the layers run over
+
+    read_1 … read_n ∘ x_1 … x_L ∘ write_1 … write_n          (L + 2n positions, causal attention)
+
+after the Transformer-XL cache, which holds text states only (the last ``mem_len`` layer inputs of text positions;
+``mem_len = 0``: memory tokens alone). The read tokens come first, so every text token sees them; the write tokens
+come last, so they see the whole segment (and the read tokens, and the cache). Both ends take the same input, the
+memory: the last layer's outputs at the previous segment's write positions (before the final layer norm), or, for a
+row's first segment, ``n`` learned initial vectors. The next segment's read tokens take this segment's write outputs.
+
+Positions: the keys of a layer are ``cache ∘ read ∘ text ∘ write``, and relative distances are counted along that
+sequence, as Transformer-XL counts them along ``cache ∘ segment``: text token i sees read token j at distance
+``n - j + i`` and the cached text at its text distance plus ``n``. Cost: ``L + 2n`` positions per segment instead of
+``L`` (the feed-forward and projections scale with it, attention with ``(L + 2n)(M + L + 2n)``); the memory's state is
+the cache plus one ``[B, n, d]`` tensor.
+
+Gradients: with ``memory.grad_segments = k`` the written memory stays in the graph for the k segments of a window
+(the cache with it, as for the plain memory), so the loss of a later segment teaches the write tokens what to keep;
+with k = 1 no gradient reaches the write positions at all (their outputs only feed the next segment).
+
+Documents (``memory.doc_boundaries=reset``): each position has a document coordinate along the text (the cache
+``-M … -1``, the read tokens 0, the text ``0 … L-1``, the write tokens ``L-1``), and a query sees only keys at or after
+the start of its own document. The read tokens belong to the document of the segment's first token (so they are hidden
+from a document that begins later in the segment) and the write tokens to that of its last token. Where a document
+begins at a segment's first token the row's read tokens are the learned initial values; where the segment's last
+document began after its first token, the write tokens start from the initial values too. So a document that begins at
+a segment boundary reads exactly as alone from an empty memory, and one that begins inside a segment reads nothing of
+the text before it: its first, partial segment sees no memory tokens, and its write tokens summarise its own text.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from xl.documents import Documents
+from xl.memory.base import KV, Context, Memory, Update
+from xl.memory.cache import CacheMemory
+from xl.memory.eviction import leaving
+
+if TYPE_CHECKING:
+    from xl.memory.token_decoding import TokenDecoder
+    from xl.model import TransformerXL
+    from xl.model_config import XLConfig
+
+
+class InitialTokens(nn.Module):
+    """The memory's learned initial values, ``[n, d]``, drawn at the scale of the embedded inputs (embedding std 0.02
+    times the model's ``sqrt(d_model)``)."""
+
+    def __init__(self, n: int, d_model: int) -> None:
+        super().__init__()
+        self.values = nn.Parameter(torch.randn(n, d_model) * 0.02 * d_model ** 0.5)
+
+
+def document_coordinates(pos: Tensor, n: int) -> Tensor:
+    """Per query of ``read ∘ text ∘ write`` [B, L + 2n], the text coordinate where its document begins (0: the
+    segment's first text token), from the text's positions in their documents ``pos`` [B, L]."""
+    L = pos.size(1)
+    first = torch.arange(L, device=pos.device) - pos
+    return torch.cat([first[:, :1].expand(-1, n), first, first[:, -1:].expand(-1, n)], dim=1)
+
+
+class TokenMemory(Memory):
+    """``num_tokens`` memory tokens read at each segment's start and written at its end, over the Transformer-XL cache
+    of text states. State: the cache's ``n_layer`` tensors [B, M, d], then the memory [B, num_tokens, d]."""
+
+    name = "tokens"
+
+    def __init__(self, config: XLConfig) -> None:
+        super().__init__(config)
+        self.n = config.num_tokens
+        self.cache = CacheMemory(config)
+        self.initial: InitialTokens | None = None
+
+    def build(self) -> dict[str, nn.Module]:
+        self.initial = InitialTokens(self.n, self.config.d_model)
+        return {"memory_tokens": self.initial}
+
+    def check_context(self, same_length: bool) -> None:
+        if same_length:
+            raise ValueError("same_length counts a window of keys that the memory tokens would break up; set "
+                             "memory.same_length=false and memory.eval_same_length=false with memory.num_tokens > 0")
+
+    # ---- state -----------------------------------------------------------------------------------------------------
+    def initial_values(self, batch: int, dtype: torch.dtype) -> Tensor:
+        """The learned initial memory for ``batch`` rows, [B, n, d] (a view of the weights: in the graph)."""
+        return self.initial.values.to(dtype)[None].expand(batch, -1, -1)
+
+    def init(self, batch: int, device: torch.device, dtype: torch.dtype) -> list[Tensor]:
+        return self.cache.init(batch, device, dtype) + [self.initial_values(batch, dtype)]
+
+    def adopt(self, state: list[Tensor], batch: int, mem_len: int) -> list[Tensor]:
+        n_layer, n, d = self.config.n_layer, self.n, self.config.d_model
+        if len(state) != n_layer + 1:
+            raise ValueError(f"expected {n_layer + 1} memory tensors (the cache of each of {n_layer} layers, then the "
+                             f"{n} memory tokens), got {len(state)}; reset the memory with init_mems({batch})")
+        tokens = state[-1]
+        if tokens.shape != (batch, n, d):
+            raise ValueError(f"memory tokens of shape {tuple(tokens.shape)} do not fit a batch of {batch} rows "
+                             f"(expected [{batch}, {n}, {d}]); reset the memory with init_mems({batch})")
+        return self.cache.adopt(state[:-1], batch, mem_len) + [tokens]
+
+    def context(self, state: list[Tensor]) -> Context:
+        return self.cache.context(state[:-1])
+
+    def vectors(self, mem_len: int, seg_len: int | None = None) -> int:
+        return self.config.n_layer * mem_len + self.n  # the cache, and the memory once (not per layer)
+
+    def segment_positions(self, seg_len: int) -> int:
+        return seg_len + 2 * self.n
+
+    def keys(self, mem_len: int, seg_len: int | None = None) -> int:
+        return mem_len  # evaluation carries the cache's keys/values only; the tokens are run anew each segment
+
+    # ---- one segment -----------------------------------------------------------------------------------------------
+    def segment_inputs(self, state: list[Tensor], h: Tensor, documents: Documents | None = None) -> Tensor:
+        memory = state[-1].to(h.dtype)
+        read = write = memory
+        if documents is not None:
+            initial = self.initial_values(h.size(0), h.dtype)
+            pos = documents.pos
+            read = torch.where((pos[:, 0] == 0)[:, None, None], initial, memory)
+            # The last document began after the first token: its write tokens start from the initial values.
+            began_later = (pos.size(1) - 1 - pos[:, -1]) > 0
+            write = torch.where(began_later[:, None, None], initial, read)
+        return torch.cat([read, h, write], dim=1)
+
+    def segment_outputs(self, h: Tensor) -> Tensor:
+        return h[:, self.n:h.size(1) - self.n]
+
+    def mask(self, mask: Tensor, documents: Documents | None, context: Context) -> Tensor:
+        """The causal mask [L + 2n, M + L + 2n]; with documents, per row, the keys before each query's document start
+        hidden too ([B, 1, L + 2n, M + L + 2n])."""
+        if documents is None or context.length + documents.latest_start <= 0:
+            return mask  # no query's document begins after any key it could see
+        pos = documents.pos
+        first = document_coordinates(pos, self.n)  # [B, Q]
+        keys = self.key_coordinates(context.length, pos.size(1), pos.device)  # [K]
+        hidden = keys < first[..., None]
+        return torch.where(hidden, float("-inf"), mask)[:, None]
+
+    def key_coordinates(self, m_len: int, L: int, device: torch.device) -> Tensor:
+        """Per key of ``cache ∘ read ∘ text ∘ write``, its text coordinate: ``-M … -1``, 0 (read), ``0 … L-1``,
+        ``L-1`` (write)."""
+        n = self.n
+        return torch.cat([torch.arange(-m_len, 0, device=device), torch.zeros(n, dtype=torch.long, device=device),
+                          torch.arange(L, device=device), torch.full((n,), L - 1, device=device)])
+
+    def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
+               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV | None) -> Update:
+        n = self.n
+        L = outputs.size(1) - 2 * n
+        text = [x[:, n:n + L] for x in layer_inputs]
+        cache = self.cache.update(state[:-1], text, outputs, mem_len=mem_len, attached=attached, dtype=dtype,
+                                  layers=layers, kv=None).state
+        memory = outputs[:, n + L:].to(dtype, copy=True)  # a fresh tensor: callers may clean it in place
+        if not attached:
+            memory = memory.detach()
+        if kv is not None:
+            kv = [self.kept_kv(k, v, state[0].size(1), L, mem_len) for k, v in kv]
+        return Update(cache + [memory], kv)
+
+    def kept_kv(self, k: Tensor, v: Tensor, m_len: int, L: int, mem_len: int) -> tuple[Tensor, Tensor]:
+        """The keys/values of the cache after a segment, sliced from a layer's over ``cache ∘ read ∘ text ∘ write``
+        [B, H, M + L + 2n, D]: the newest ``mem_len`` of the text positions."""
+        gone = leaving(m_len + L, mem_len)
+        text = slice(m_len + self.n + max(0, gone - m_len), m_len + self.n + L)
+        if gone >= m_len:
+            return k[:, :, text], v[:, :, text]
+        return (torch.cat([k[:, :, gone:m_len], k[:, :, text]], dim=2),
+                torch.cat([v[:, :, gone:m_len], v[:, :, text]], dim=2))
+
+    # ---- decoding --------------------------------------------------------------------------------------------------
+    def decoder(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int,
+                same_length: bool) -> TokenDecoder:
+        """A one-token decoder that reads and writes the memory tokens as the forward pass does
+        (:class:`xl.memory.token_decoding.TokenDecoder`)."""
+        from xl.memory.token_decoding import TokenDecoder  # generation only
+
+        return TokenDecoder(model, batch_size, window, clamp_len, same_length)
