@@ -343,3 +343,6 @@ def test_generate_and_evaluate_commands_on_a_memory_token_checkpoint(tmp_path, c
                            if isinstance(v, float))
     with pytest.raises(ConfigError, match="set vanilla=false"):
         evaluate(compose_eval(*eval_overrides(trained, corpus, "vanilla=true")))
+    with pytest.raises(ConfigError, match="same_length=false"):
+        evaluate(compose_eval(*eval_overrides(trained, corpus, "memory.eval_mem_len=8",
+                                              "memory.eval_same_length=true")))

@@ -36,7 +36,7 @@ from xl.metrics import UNITS, LMMetrics, quality, quality_name
 from xl.model import TransformerXL, XLConfig, XLOutput
 from xl.nonfinite import NonFiniteError, agree_across_ranks  # noqa: F401 (NonFiniteError: re-exported)
 from xl.optim import OptimConfig, adamw, clip, warmup_cosine_schedule
-from xl.rules import DOC_BOUNDARIES, check_compressive, check_context, check_grad_segments
+from xl.rules import DOC_BOUNDARIES, check_compressive, check_context, check_grad_segments, check_tokens
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,9 @@ class XLLitModule(L.LightningModule):
         if self.config.cmem_len:  # refused here, before a run, not by the first forward
             check_compressive(self.config.cmem_len, self.config.cmem_rate, self.config.cmem_fn,
                               self.eval_context["same_length"])
+        if self.config.num_tokens:  # likewise: an evaluation's same_length
+            check_tokens(self.config.num_tokens, self.config.tokens_seg_len, self.config.cmem_len,
+                         self.eval_context["same_length"])
         if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context["mem_len"]):
             log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
                      "segment are hidden")
