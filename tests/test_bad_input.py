@@ -314,8 +314,8 @@ def train_main() -> None:
     (["memory.mem_lenn=3"], "error: memory.mem_lenn is not a setting; did you mean memory.mem_len?"),
     (["data=text"], "error: data.test, data.train, data.val have no value; set data.test=... data.train=... "
                     "data.val=... on the command line"),
-    (["memory=longest"], "error: memory=longest is not an option of the memory group; choose one of compressive, "
-                         "default, long, none, short"),
+    (["memory=longest"], "error: memory=longest is not an option of the memory group; choose one of "
+                         + ", ".join(sorted(p.stem for p in (CONF_DIR / "memory").glob("*.yaml")))),
     (["run_name=${nowhere}"], "error: run_name cannot be resolved (Interpolation key 'nowhere' not found)"),
 ])
 def test_train_command_reports_one_sentence(argv, sentence, tmp_path, monkeypatch, capsys):
