@@ -3,6 +3,7 @@ resume and one-token decoding, each against a slow reference written here."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import lightning as L
@@ -16,6 +17,7 @@ from tests.helpers.reference import position_embedding
 from xl.build import ConfigError, build_run
 from xl.documents import Documents, positions
 from xl.model import TransformerXL, XLConfig
+from xl.sweep import columns
 
 TINY = dict(vocab_size=23, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0)
 SEG = 5  # text tokens per segment
@@ -319,6 +321,9 @@ def test_windows_of_k_segments_train_through_lightning(tmp_path, corpus):
     assert run.trainer.global_step == 4 and run.trainer.accumulate_grad_batches == 1
     assert not torch.equal(before, run.module.model.memory_tokens.values)
     assert math.isfinite(float(run.trainer.callback_metrics["val/loss"]))
+    results = json.loads((tmp_path / "run" / "results.json").read_text())  # the job summary, a sweep's row
+    assert (results["num_tokens"], results["mem_len"], results["grad_segments"]) == (4, 0, 2)
+    assert "num_tokens" in columns([results])
 
 
 def test_generate_and_evaluate_commands_on_a_memory_token_checkpoint(tmp_path, corpus, monkeypatch, capsys):
