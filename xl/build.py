@@ -27,6 +27,7 @@ from xl.checkpoint import Checkpoint, CheckpointError, check_compatible
 from xl.console import TRAINER_DEFAULTS
 from xl.data import DataError
 from xl.footprint import available_memory, run_estimate, vocabulary_bound
+from xl.init_from import check_data, load_weights, start_from
 from xl.lit import XLLitModule
 from xl.memory import packed_size
 from xl.model_config import XLConfig
@@ -228,14 +229,17 @@ def check_splits(cfg: DictConfig, datamodule: Any, trainer: L.Trainer) -> None:
 def build_run(cfg: DictConfig) -> Run:
     """Everything a run needs, validated in order of cost: settings, device, data settings, size, corpus,
     model, checkpoint, trainer."""
+    initial = start_from(cfg)  # init_from: the model's shape is the checkpoint's
     check_settings(cfg)
     check_device(cfg)
     datamodule = make_datamodule(cfg)
     check_fits(cfg, warn=False)  # with the smallest vocabulary the data can give: before tokenising
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     prepare(datamodule)
+    check_data(initial, datamodule)
     check_fits(cfg, datamodule.vocab_size)
     module = build_module(cfg, datamodule)
+    load_weights(initial, module)
     ckpt_path = check_checkpoint(cfg, module, datamodule)
     trainer = build_trainer(cfg)
     check_splits(cfg, datamodule, trainer)

@@ -320,6 +320,7 @@ class TrainSchema:
     test: bool = setting(True, help="evaluate the best checkpoint on the test split after fitting")
     train: bool = setting(True, help="false: only evaluate ckpt_path")
     ckpt_path: str | None = setting(None, help="resume (or, with train=false, evaluate) this checkpoint or run folder")
+    init_from: str | None = setting(None, help="start a new run from this run's (or converted model's) weights")
     max_nonfinite_steps: int = setting(5, bound=POSITIVE, help="skipped non-finite steps in a row that stop the run")
     run_name: str | None = setting(None, help="null: the command-line overrides (or default)")
     tags: list[str] = setting(factory=list, help="the run's tags (W&B)")

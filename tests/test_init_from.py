@@ -1,0 +1,80 @@
+"""python train.py init_from=RUN: a new run from a checkpoint's weights (a converted published model here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+import train
+from tests.conftest import compose_config, run_hydra_main
+from xl.build import build_run
+from xl.checkpoint import Checkpoint, CheckpointError
+from xl.convert import convert
+from xl.init_from import start_from
+
+FIXTURE = Path(__file__).parent / "fixtures" / "transfo_xl"
+TEXT = FIXTURE / "text.txt"
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("init") / "wt"
+    convert(FIXTURE, out)
+    return out
+
+
+def overrides(tmp_path: Path, converted: Path, *extra: str) -> list[str]:
+    return [f"init_from={converted}", "data=text", f"data.train={TEXT}", f"data.val={TEXT}", f"data.test={TEXT}",
+            "data.tokenizer=word", f"data.tokenizer_file={converted / 'vocab.json'}", f"data.cache_dir={tmp_path}",
+            f"paths.output_dir={tmp_path / 'run'}", "logger=none", "data.batch_size=2", "data.tgt_len=5",
+            "memory.mem_len=7", "memory.clamp_len=4", "memory.same_length=true", "model.dropout=0.0",
+            "model.dropatt=0.0", "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.limit_val_batches=1",
+            "trainer.num_sanity_val_steps=0", "trainer.precision=32-true", "callbacks.progress_bar.refresh_rate=0",
+            "+trainer.enable_model_summary=false", "test=false", *extra]
+
+
+class FirstLoss(L.Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
+
+
+def test_fine_tuning_a_converted_model_starts_at_its_loss_and_trains(tmp_path, converted):
+    run = build_run(compose_config(*overrides(tmp_path, converted)))
+    checkpoint = Checkpoint.open(converted)
+    assert run.module.config.cutoffs == (20, 40, 70) and run.module.config.tie_weights is False  # the checkpoint's
+    start = {k: v.clone() for k, v in run.module.model.state_dict().items()}
+    first = FirstLoss()
+    run.trainer.callbacks.append(first)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert run.trainer.global_step == 2 and len(first.losses) == 2  # a fresh optimizer, from step 0
+    model = checkpoint.load_model()
+    x, y = next(iter(run.datamodule.train_dataloader()))[:2]  # the first batch: the start of the corpus
+    with torch.no_grad():
+        expected = model(x, targets=y, mem_len=7, clamp_len=4, same_length=True).loss
+    assert first.losses[0] == pytest.approx(float(expected), rel=1e-5)
+    after = run.module.model.state_dict()
+    assert any(not torch.equal(start[k], after[k]) for k in start)  # it trained
+    assert torch.equal(start["layers.0.attn.r_w_bias"], checkpoint.model_weights()["layers.0.attn.r_w_bias"])
+
+
+def test_init_from_refuses_another_tokenizer_and_gives_way_to_a_resume(tmp_path, converted):
+    fitted = [o for o in overrides(tmp_path, converted) if not o.startswith("data.tokenizer_file")]
+    with pytest.raises(CheckpointError, match=r"init_from=.* (another tokenizer|vocabulary of 100)"):
+        build_run(compose_config(*fitted))
+    cfg = compose_config(*overrides(tmp_path, converted), f"ckpt_path={converted}")
+    assert start_from(cfg) is None and cfg.model.n_layer != 2  # the resumed checkpoint decides, not init_from
+
+
+def test_a_conflicting_model_setting_on_the_command_line_is_refused(tmp_path, converted, monkeypatch, capsys):
+    argv = ["train.py", *overrides(tmp_path, converted), "model.n_layer=3"]
+    with pytest.raises(SystemExit, match=r"model\.n_layer=3 conflicts with init_from=.*n_layer=2"):
+        run_hydra_main(train.main, argv, monkeypatch)
+    argv = ["train.py", *overrides(tmp_path, converted), "model.cutoffs=[20,40]"]
+    with pytest.raises(SystemExit, match=r"model\.cutoffs=\[20, 40\] conflicts with init_from=.*\[20, 40, 70\]"):
+        run_hydra_main(train.main, argv, monkeypatch)
