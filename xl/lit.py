@@ -13,7 +13,10 @@ write stays in the graph; the window's last segment writes it detached; the k lo
 together at the window's end, and the optimizer steps once per window (per ``accumulate_grad_batches`` windows):
 the trainer's accumulation is multiplied by k for the fit, so global steps, the LR schedule, clipping, DDP's
 gradient sync and the non-finite skip all act once per optimizer step, as they do for accumulated batches.
-Windows restart at every epoch (with the streams); an epoch's last window may be shorter.
+Windows restart at every epoch (with the streams); an epoch's last window may be shorter. It is all done with
+Lightning's automatic optimization and its public hooks (``backward``, ``configure_gradient_clipping``,
+``on_before_optimizer_step``), so Lightning's own accumulation, clipping, precision plugins and checkpointed loop
+state serve the windows unchanged.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from xl.footprint import cache_footprint
 from xl.memory import MemoryStore, packed_size
 from xl.metrics import UNITS, LMMetrics, quality, quality_name
 from xl.model import TransformerXL, XLConfig, XLOutput
-from xl.nonfinite import NonFiniteError, agree_across_ranks  # noqa: F401 (NonFiniteError: re-exported)
+from xl.nonfinite import NonFiniteError, agree_across_ranks, step_fault  # noqa: F401 (re-exported)
 from xl.optim import OptimConfig, adamw, clip, warmup_cosine_schedule
 from xl.rules import DOC_BOUNDARIES, check_compressive, check_context, check_grad_segments, check_tokens
 
@@ -73,9 +76,9 @@ class XLLitModule(L.LightningModule):
         self.config = XLConfig.from_dict(dict(model))
         check_grad_segments(grad_segments, self.config.mem_len, self.config.cmem_len, self.config.num_tokens)
         self.grad_segments = grad_segments
-        self._window: list[Tensor] = []  # losses of the open window, back-propagated when it closes
-        self._window_closes = True  # the current segment is the last of its window
-        self._accumulation: tuple[L.Trainer, int, int] | None = None  # (trainer, its own setting, the one set)
+        self.window_losses: list[Tensor] = []  # losses of the open window, back-propagated when it closes
+        self.window_closes = True  # the current segment is the last of its window
+        self.accumulation_set: tuple[L.Trainer, int, int] | None = None  # (trainer, its own setting, the one set)
         self.optim = OptimConfig(**(optim or {}))
         self.eval_context = {
             "mem_len": self.config.mem_len if eval_mem_len is None else eval_mem_len,
@@ -104,10 +107,10 @@ class XLLitModule(L.LightningModule):
         # Counted on the device every step, read on the host once per logging interval.
         self.nonfinite_in_row = 0
         self.nonfinite_total = 0
-        self.register_buffer("_nonfinite_run", torch.zeros((), dtype=torch.long), persistent=False)
-        self.register_buffer("_nonfinite_worst", torch.zeros((), dtype=torch.long), persistent=False)
-        self.register_buffer("_nonfinite_total", torch.zeros((), dtype=torch.long), persistent=False)
-        self.register_buffer("_loss_nonfinite", torch.zeros((), dtype=torch.bool), persistent=False)  # since the
+        self.register_buffer("bad_in_row", torch.zeros((), dtype=torch.long), persistent=False)
+        self.register_buffer("bad_worst", torch.zeros((), dtype=torch.long), persistent=False)
+        self.register_buffer("bad_total", torch.zeros((), dtype=torch.long), persistent=False)
+        self.register_buffer("bad_loss", torch.zeros((), dtype=torch.bool), persistent=False)  # since the
         # last optimizer step
         self.model = TransformerXL(self.config)
         self.memory = MemoryStore()
@@ -159,9 +162,9 @@ class XLLitModule(L.LightningModule):
             # a run resumed mid-epoch keeps the memory it restored from the checkpoint.
             self.memory.reset("train")
         if self.grad_segments > 1:
-            self._window_closes = self._segment_closes_window(batch_idx)
+            self.window_closes = self.segment_closes_window(batch_idx)
         x, y, documents = split_batch(batch)
-        out = self.run_segment(x, "train", y, documents, detach_memory=self._window_closes)
+        out = self.run_segment(x, "train", y, documents, detach_memory=self.window_closes)
         loss = out.loss
         # Nothing here waits for the device: a non-finite loss is handled where it lands, without a
         # host-side branch. Its memory would poison every later step, so non-finite entries are zeroed
@@ -171,7 +174,7 @@ class XLLitModule(L.LightningModule):
         with torch.no_grad():
             for m in self.memory.mems["train"]:
                 m.nan_to_num_(0.0, 0.0, 0.0)
-        self._loss_nonfinite = self._loss_nonfinite | ~torch.isfinite(loss.detach())
+        self.bad_loss = self.bad_loss | ~torch.isfinite(loss.detach())
         values = self.metrics.update("train", loss, batch[1])
         self.log_dict(values, on_step=True, prog_bar=True, batch_size=batch[1].size(0))
         if out.recon_loss is None:
@@ -181,12 +184,12 @@ class XLLitModule(L.LightningModule):
         self.log("train/recon_loss", out.recon_loss.detach(), on_step=True, batch_size=batch[1].size(0))
         return loss + out.recon_loss
 
-    def _segment_closes_window(self, batch_idx: int) -> bool:
+    def segment_closes_window(self, batch_idx: int) -> bool:
         """Whether this segment is the last of its window: the k-th, or the last before an optimizer step (the end
         of an epoch). A fit resumed from a checkpoint inside a window finishes that window without the segments
         before the checkpoint (their graph is not saved), as accumulated gradients are not; the forward is exact."""
         position = batch_idx % self.grad_segments
-        if position and not self._window:
+        if position and not self.window_losses:
             rank_zero_warn(f"resumed inside a window of memory.grad_segments={self.grad_segments} segments: its "
                            f"first {position} segment(s), before the checkpoint, add nothing to its gradient")
         return position == self.grad_segments - 1 or self.optimizer_steps_after(batch_idx)
@@ -204,9 +207,9 @@ class XLLitModule(L.LightningModule):
         if self.grad_segments == 1:
             super().backward(loss, *args, **kwargs)
             return
-        self._window.append(loss)
-        if self._window_closes:
-            window, self._window = self._window, []
+        self.window_losses.append(loss)
+        if self.window_closes:
+            window, self.window_losses = self.window_losses, []
             super().backward(torch.stack(window).sum(), *args, **kwargs)
 
     def setup(self, stage: str) -> None:
@@ -225,45 +228,32 @@ class XLLitModule(L.LightningModule):
             raise ValueError("memory.grad_segments > 1 sets the trainer's gradient accumulation itself; it cannot be "
                              "combined with a strategy or callback that changes it")
         own = trainer.accumulate_grad_batches
-        if self._accumulation is not None and self._accumulation[0] is trainer and own == self._accumulation[2]:
-            own = self._accumulation[1]  # an earlier fit of this trainer ended without its teardown
+        earlier = self.accumulation_set
+        if earlier is not None and earlier[0] is trainer and own == earlier[2]:
+            own = earlier[1]  # an earlier fit of this trainer ended without its teardown
         trainer.accumulate_grad_batches = own * self.grad_segments
-        self._accumulation = (trainer, own, trainer.accumulate_grad_batches)
+        self.accumulation_set = (trainer, own, trainer.accumulate_grad_batches)
 
     def teardown(self, stage: str) -> None:
-        if stage == "fit" and self._accumulation is not None:
-            trainer, own, _ = self._accumulation
+        if stage == "fit" and self.accumulation_set is not None:
+            trainer, own, _ = self.accumulation_set
             trainer.accumulate_grad_batches = own
-            self._accumulation = None
+            self.accumulation_set = None
 
     def on_train_start(self) -> None:
-        self._window = []
+        self.window_losses = []
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Skip an update whose loss or gradients are not finite, deciding on the device (no host sync).
-
-        Without a loss scaler, the fused AdamW kernel reads ``found_inf`` (the flag torch's GradScaler uses) and
-        leaves weights, moments and step count untouched when it is set. Under 16-mixed the GradScaler skips
-        overflowing steps itself and lowers its scale: a few in a row at the start are how it finds the scale, so
-        only a non-finite loss, or an overflow at a scale already <= 1, counts as a fault there. Every rank makes
-        the same decision: the flag is reduced across ranks (sharded strategies give each rank part of the
-        gradients only), as a collective on the device.
-        """
+        """Skip an update whose loss or gradients are not finite, decided on the device (:func:`step_fault`), and
+        count the faults in a row, the worst run and the total, on the device too."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        loss_bad, self._loss_nonfinite = self._loss_nonfinite, torch.zeros_like(self._loss_nonfinite)
-        if not grads:
+        loss_bad, self.bad_loss = self.bad_loss, torch.zeros_like(self.bad_loss)
+        bad = step_fault(grads, loss_bad, optimizer, getattr(self.trainer.precision_plugin, "scaler", None))
+        if bad is None:
             return
-        bad = agree_across_ranks(~torch.isfinite(torch.nn.utils.get_total_norm(grads)))
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        if scaler is None:
-            optimizer.found_inf = bad.float()
-        else:
-            scale = scaler.scale(torch.ones((), device=bad.device))  # the current scale, read on the device
-            bad = agree_across_ranks(loss_bad) | (bad & (scale <= 1))
-        bad = bad.long()
-        self._nonfinite_run = (self._nonfinite_run + 1) * bad
-        self._nonfinite_worst = torch.maximum(self._nonfinite_worst, self._nonfinite_run)
-        self._nonfinite_total = self._nonfinite_total + bad
+        self.bad_in_row = (self.bad_in_row + 1) * bad
+        self.bad_worst = torch.maximum(self.bad_worst, self.bad_in_row)
+        self.bad_total = self.bad_total + bad
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
@@ -289,18 +279,18 @@ class XLLitModule(L.LightningModule):
     def on_train_end(self) -> None:
         mems = self.memory.mems["train"]
         if self.grad_segments > 1 and mems is not None:  # a fit stopped inside a window (a signal): free its graph
-            self._window = []
+            self.window_losses = []
             self.memory.write("train", [m.detach() for m in mems])
         self.check_nonfinite()
 
     def check_nonfinite(self) -> None:
         """Read the device-side counts of skipped steps (once per logging interval): warn, or stop the run."""
-        total, worst = int(self._nonfinite_total), int(self._nonfinite_worst)
+        total, worst = int(self.bad_total), int(self.bad_worst)
         if total > self.nonfinite_total:
             rank_zero_warn(f"{total - self.nonfinite_total} step(s) with a non-finite loss or gradient were skipped "
                            f"(found by step {self.global_step})")
             self.nonfinite_total = total
-        self.nonfinite_in_row = int(self._nonfinite_run)
+        self.nonfinite_in_row = int(self.bad_in_row)
         if worst >= self.max_nonfinite_steps:
             raise NonFiniteError(
                 f"non-finite loss or gradient for {worst} steps in a row (found by step {self.global_step}); "
@@ -308,21 +298,21 @@ class XLLitModule(L.LightningModule):
             )
 
     def on_train_epoch_end(self) -> None:
-        self._log_epoch("train")
+        self.log_epoch("train")
 
     def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         self.metrics.update("val", self.segment_loss(batch, "val"), batch[1])
 
     def on_validation_epoch_end(self) -> None:
         self.memory.reset("val")  # evaluation memories can be far longer than training's: free them now
-        self._log_epoch("val")
+        self.log_epoch("val")
 
     def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         self.metrics.update("test", self.segment_loss(batch, "test"), batch[1])
 
     def on_test_epoch_end(self) -> None:
         self.memory.reset("test")
-        self._log_epoch("test")
+        self.log_epoch("test")
 
     def on_predict_epoch_end(self) -> None:
         self.memory.reset("predict")
@@ -333,7 +323,7 @@ class XLLitModule(L.LightningModule):
         documents = batch[-1] if isinstance(batch, (tuple, list)) and isinstance(batch[-1], Documents) else None
         return self.run_segment(x, "predict", documents=documents).logits.log_softmax(-1)
 
-    def _log_epoch(self, stage: str) -> None:
+    def log_epoch(self, stage: str) -> None:
         """Token-weighted mean NLL over the epoch (reduced across ranks), its bits or perplexity, bits per byte."""
         values = self.metrics.compute(stage)
         if values:
