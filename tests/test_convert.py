@@ -25,7 +25,7 @@ from tests.conftest import CONF_DIR
 from xl.build import build_datamodule, build_trainer
 from xl.checkpoint import Checkpoint
 from xl.convert import ConversionError, convert
-from xl.convert.__main__ import main as convert_main
+from xl.convert.cli import main as convert_main
 from xl.convert.fetch import FetchError
 from xl.convert.vocab import LEGACY_TORCH_MAGIC, VocabularyError, read_pickle, vocabulary_from_pickle
 from xl.convert.weights import read_safetensors
