@@ -29,7 +29,7 @@ def test_word_level_adaptive_run_trains_tests_and_generates(tmp_path, corpus):
     assert math.isfinite(test["test/ppl"]) and test["test/ppl"] < vocab  # better than uniform after 12 steps
     model = Checkpoint.open(ckpt).load_model(vocab)
     assert model.config.cutoffs == (40, 200) and model.head.tables[0].weight is model.embed.tables[0].weight
-    prompt = torch.tensor([run.datamodule.tokenizer.encode("def main ( self")])
+    prompt = torch.as_tensor(run.datamodule.tokenizer.encode("def main ( self"), dtype=torch.long)[None]
     sampled = generate(model, prompt, 8, window=16, seg_len=16, temperature=1.0, seed=0)
     assert sampled.shape == (1, 8) and int(sampled.max()) < vocab
 
