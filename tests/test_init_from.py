@@ -67,7 +67,14 @@ def test_init_from_refuses_another_tokenizer_and_gives_way_to_a_resume(tmp_path,
     fitted = [o for o in overrides(tmp_path, converted) if not o.startswith("data.tokenizer_file")]
     with pytest.raises(CheckpointError, match=r"init_from=.* (another tokenizer|vocabulary of 100)"):
         build_run(compose_config(*fitted))
-    cfg = compose_config(*overrides(tmp_path, converted), f"ckpt_path={converted}")
+    with pytest.raises(CheckpointError, match=r"ckpt_path=.* is a converted model .* with init_from="):
+        build_run(compose_config(*[o for o in overrides(tmp_path, converted) if not o.startswith("init_from")],
+                                 f"ckpt_path={converted}"))
+    resumed = tmp_path / "resumed.ckpt"  # a fine-tune's own checkpoint: no longer a converted one
+    state = Checkpoint.open(converted).state
+    del state["xl"]["converted_from"]
+    torch.save(state, resumed)
+    cfg = compose_config(*overrides(tmp_path, converted), f"ckpt_path={resumed}")
     assert start_from(cfg) is None and cfg.model.n_layer != 2  # the resumed checkpoint decides, not init_from
 
 

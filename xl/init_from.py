@@ -7,7 +7,8 @@ checkpoint's is refused in one sentence. Everything else is the new run's own: d
 context, the optimizer and its schedule (fresh), the data position (the start of the corpus), the run folder. The data
 must give the checkpoint's tokenizer (for a converted model: ``data.tokenizer=word data.tokenizer_file=RUN/vocab.json``)
 or the run is refused before any training step. A run that continues (``ckpt_path``, or a requeued job) starts from
-its own checkpoint, which already holds what ``init_from`` gave it.
+its own checkpoint, which already holds what ``init_from`` gave it; a converted folder has no training state to
+continue, so ``ckpt_path`` naming one is refused with a pointer to ``init_from``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.checkpoint import DEFAULTS, SHAPE_FIELDS, Checkpoint, CheckpointError
+from xl.checkpoint import DEFAULTS, SHAPE_FIELDS, XL_KEY, Checkpoint, CheckpointError
 
 log = logging.getLogger(__name__)
 SETTING = "init_from"
@@ -44,10 +45,16 @@ def plain(value: Any) -> Any:
 
 def start_from(cfg: DictConfig) -> Checkpoint | None:
     """Open ``cfg.init_from`` (None when unset) and give ``cfg.model`` its shape; refuse a conflicting setting."""
+    resume = cfg.get("ckpt_path")
+    if resume and cfg.get("train", True):
+        source = Checkpoint.open(resume).state[XL_KEY].get("converted_from")
+        if source:
+            raise CheckpointError(f"ckpt_path={resume} is a converted model ({source['source']}) with no training "
+                                  f"state to continue; start a new run from it with init_from={resume}")
     path = cfg.get(SETTING)
     if not path:
         return None
-    if cfg.get("ckpt_path"):  # a resumed (or requeued) fine-tune continues from its own checkpoint
+    if resume:  # a resumed (or requeued) fine-tune continues from its own checkpoint
         log.info("%s=%s was this run's start; it continues from ckpt_path=%s", SETTING, path, cfg.ckpt_path)
         return None
     checkpoint = Checkpoint.open(path, SETTING)
