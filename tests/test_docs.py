@@ -69,6 +69,14 @@ SKIP = {
     "python train.py experiment=wt103_large trainer=ddp trainer.num_nodes=2 trainer.devices=8 data.batch_size=8":
         "downloads WikiText-103; needs 2 nodes of 8 GPUs",
     "wandb sweep sweeps/mem_len.yaml && wandb agent ENTITY/PROJECT/SWEEP_ID": "needs a W&B account and the network",
+    # the published weights (docs/pretrained.md)
+    "python -m xl.convert transfo-xl/transfo-xl-wt103 wt103": "downloads the published model from the Hugging Face hub",
+    "python -m xl.evaluate +experiment=wt103_published ckpt=wt103": "needs the downloaded model and WikiText-103",
+    "python -m venv /tmp/hfref": "creates the reference's virtual environment (an install step)",
+    "/tmp/hfref/bin/pip install torch==2.13.0 transformers==4.57.6 safetensors":
+        "installs transformers 4.57.6 from the network into the reference's environment",
+    "/tmp/hfref/bin/python scripts/make_transfo_xl_fixture.py tests/fixtures/transfo_xl":
+        "needs the reference's environment (transformers 4.57.6); rewrites the committed fixture",
     # the port of the 2019 code lives in its own virtual environment
     "python -m venv --system-site-packages /tmp/port": "creates the port's virtual environment (an install step)",
     "/tmp/port/bin/pip install --no-deps transformers==4.30.2 safetensors regex tokenizers==0.13.3":
@@ -436,3 +444,30 @@ def test_every_skipped_command_is_still_shown():
     shown = {c.key for _, block in markdown_blocks() + docstring_commands() for c in block}
     assert not set(SKIP) - shown, f"SKIP lists commands no document shows: {sorted(set(SKIP) - shown)}"
 
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    text = re.sub(r"[`*_]", lambda m: "_" if m.group() == "_" else "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    return {slug(m) for m in re.findall(r"^#+\s+(.*)$", text, re.M)}
+
+
+def test_every_link_of_the_docs_leads_somewhere():
+    """Relative links of README.md and docs/*.md name an existing file and, after #, one of its headings."""
+    broken = []
+    for path in MARKDOWN:
+        text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists():
+                broken.append(f"{path.name}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{path.name}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)
