@@ -26,6 +26,7 @@ import logging
 import re
 import runpy
 import shlex
+import shutil
 import subprocess
 import sys
 import warnings
@@ -43,6 +44,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
 MARKDOWN = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BASH = shutil.which("bash") or "/bin/bash"
 CI_COMMAND = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
 
 # Hydra entry points and the config each composes (for commands that are only composed).
@@ -224,8 +226,8 @@ def shell_argv(text: str, cwd: Path, rec: Path) -> list[list[str]]:
     for old in rec.iterdir():
         old.unlink()
     (rec / "count").write_text("0")
-    env = {"PATH": "/nonexistent-docs-test", "DOCS_REC": str(rec), "HOME": str(cwd), "LANG": "C.UTF-8"}
-    result = subprocess.run(["/bin/bash", "-c", PRELUDE + text], cwd=cwd, env=env, capture_output=True, text=True,
+    env = {"PATH": "/nonexistent-docs-test", "DOCS_REC": str(rec), "HOME": str(cwd)}
+    result = subprocess.run([BASH, "-c", PRELUDE + text], cwd=cwd, env=env, capture_output=True, text=True,
                             timeout=30)
     assert result.returncode == 0 and not result.stderr, f"bash rejects {text!r}: {result.stderr.strip()}"
     count = int((rec / "count").read_text())
@@ -406,7 +408,7 @@ def run_block(commands: list[Command], workspace: Path) -> None:
         key = command.key
         if key in SKIP:
             if "/" in program_of(command.text):  # a program given by path: check the syntax only
-                result = subprocess.run(["/bin/bash", "-n", "-c", command.text], capture_output=True, text=True)
+                result = subprocess.run([BASH, "-n", "-c", command.text], capture_output=True, text=True)
                 assert result.returncode == 0, f"{command.where}: bash rejects {command.text!r}: {result.stderr}"
                 continue
             for argv in shell_argv(command.text, workspace, workspace / ".rec"):
