@@ -139,11 +139,12 @@ def build_module(cfg: DictConfig, datamodule: Any) -> XLLitModule:
 def compile_model(model: torch.nn.Module, mode: str | None = None, backend: str = "inductor") -> None:
     """``torch.compile`` in place (``nn.Module.compile``): parameter names, hence checkpoints, stay the plain model's.
 
-    torch 2.13 (CPU, inductor): with a warm AOTAutograd cache the compiled training graph of this model came
-    back with corrupt view shapes (a failure, or a crash, on every run after the first); with the FX graph
-    cache alone it is correct, so only the autograd cache is turned off.
+    torch 2.13 (CPU, inductor): with a warm AOTAutograd cache the compiled training graph of this model comes
+    back with corrupt view shapes (a failure, or a crash, on every run after the first). torch's public switch,
+    ``torch.compiler.config.force_disable_caches``, turns every compile cache off for the process, so each run
+    compiles afresh (tests/test_lit.py, run twice over a warm cache: correct both times).
     """
-    torch._functorch.config.enable_autograd_cache = False
+    torch.compiler.config.force_disable_caches = True
     model.compile(mode=mode, backend=backend)
 
 
