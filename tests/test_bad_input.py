@@ -433,3 +433,18 @@ def test_each_other_row_of_the_bad_input_page_names_a_test_that_exists():
     for row in rows:
         path, name = re.search(r"`(tests/\S+\.py)::(test_\w+)`", row).groups()
         assert f"def {name}(" in (ROOT / path).read_text(), row
+
+
+@pytest.mark.parametrize("argv,sentence", [
+    (["warmup=-1"], "error: warmup must be an integer >= 0, got -1"),
+    (["splits=[val,train]"], "error: splits must be a list of val and test, got ['val', 'train']"),
+    (["memory.eval_mem_len=-2"], "error: memory.eval_mem_len must be null or an integer >= 0, got -2"),
+    (["memory.doc_boundaries=sometimes"],
+     "error: memory.doc_boundaries must be reset, ignore or null, got 'sometimes'"),
+    (["vanilla=true", "per_document=true"],
+     "error: per_document=true reports the cached evaluation; set vanilla=false"),
+])
+def test_evaluate_settings_are_checked_before_the_checkpoint_is_read(argv, sentence, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["xl/evaluate.py", "logger=none", f"ckpt={tmp_path / 'nowhere'}", *argv]
+    assert run_in_process(xl.evaluate.main, argv, monkeypatch, capsys) == sentence

@@ -40,6 +40,7 @@ from xl.documents import MODES, Documents, DocumentStats, split_batch, summary
 from xl.eval_results import describe, format_table, log_results, record, scored_corpus, write_results
 from xl.lit import XLLitModule
 from xl.model import TransformerXL
+from xl.rules import check_evaluate_config
 from xl.runs import describe_corpus, find_run_folder, use_run_data
 
 log = logging.getLogger("evaluate")
@@ -236,6 +237,7 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     """``{split: {"<split>/loss", "<split>/<bpb|bpc|ppl>", "<split>/tokens", "<split>/tok_s"}}`` for val and test;
     with ``per_document``, also ``<split>/docs``, ``<split>/doc_mean_<unit>`` and ``<split>/pos_<range>_<unit>``.
     Also written to ``results.json`` in ``paths.output_dir`` and logged to W&B (with ``logger=wandb``)."""
+    check_evaluate_config(cfg)
     check_device(cfg)
     L.seed_everything(cfg.seed, verbose=False)
     for split in cfg.splits:

@@ -286,6 +286,14 @@ def check_config(cfg: DictConfig, vocabulary: Callable[[], int]) -> None:
     check_compile(cfg.compile)
 
 
+def check_evaluate_config(cfg: DictConfig) -> None:
+    """``python -m xl.evaluate``'s settings, before the checkpoint is read: the schema's bounds, and the one rule
+    between them (the checkpoint's own rules, such as its memory tokens against vanilla=true, come once it is read)."""
+    check_bounds(cfg)
+    if cfg.per_document and cfg.vanilla:
+        raise ConfigError("per_document=true reports the cached evaluation; set vanilla=false")
+
+
 # ---- the machine --------------------------------------------------------------------------------------------------
 def uses_cuda(cfg: DictConfig) -> bool:
     accelerator = str(cfg.trainer.get("accelerator", "auto"))

@@ -43,6 +43,8 @@ def _devices(v: Any) -> bool:
 POSITIVE = at_least(1)
 COUNT = at_least(0)
 SIZE = Bound("a positive integer", lambda v: is_int(v) and v >= 1)
+CLAMP_OR_NULL = Bound("null, -1 (no clamping) or a positive integer",
+                      lambda v: v is None or v == -1 or (is_int(v) and v > 0))
 
 
 # ---- model and memory: the defaults are XLConfig's (config S of the benchmarks) -----------------------------------
@@ -77,9 +79,7 @@ class MemorySchema:
     clamp_len: int = setting(XLConfig.clamp_len, bound=Bound("-1 (no clamping) or a positive integer",
                                                              lambda v: v == -1 or (is_int(v) and v > 0)),
                              help="-1: off; else distances beyond it share one embedding")
-    eval_clamp_len: int | None = setting(
-        None, bound=Bound("null, -1 (no clamping) or a positive integer", lambda v: v is None or v == -1 or v > 0),
-        help="the clamp length of evaluation")
+    eval_clamp_len: int | None = setting(None, bound=CLAMP_OR_NULL, help="the clamp length of evaluation")
     same_length: bool = setting(XLConfig.same_length, help="every query attends over exactly mem_len keys")
     eval_same_length: bool | None = setting(None, help="same_length in evaluation")
     mem_dtype: str = setting(XLConfig.mem_dtype, bound=one_of(*sorted(MEM_DTYPE_NAMES)),
@@ -331,13 +331,14 @@ class EvalContextSchema:
     """``memory`` of ``python -m xl.evaluate``: each of mem_len, clamp_len, same_length is memory.eval_X if set,
     else memory.X if set, else the checkpoint's own evaluation value."""
 
-    mem_len: int | None = setting(None, help="null: the checkpoint's")
-    eval_mem_len: int | None = setting(None, help="null: mem_len")
-    clamp_len: int | None = setting(None, help="null: the checkpoint's")
-    eval_clamp_len: int | None = setting(None, help="null: clamp_len")
+    mem_len: int | None = setting(None, bound=optional(COUNT), help="null: the checkpoint's")
+    eval_mem_len: int | None = setting(None, bound=optional(COUNT), help="null: mem_len")
+    clamp_len: int | None = setting(None, bound=CLAMP_OR_NULL, help="null: the checkpoint's")
+    eval_clamp_len: int | None = setting(None, bound=CLAMP_OR_NULL, help="null: clamp_len")
     same_length: bool | None = setting(None, help="null: the checkpoint's")
     eval_same_length: bool | None = setting(None, help="null: same_length")
-    doc_boundaries: str | None = setting(None, help="reset or ignore; null: the checkpoint's")
+    doc_boundaries: str | None = setting(None, bound=one_of(None, *DOC_BOUNDARIES, words="reset, ignore or null"),
+                                         help="null: the checkpoint's")
 
 
 @dataclass
@@ -350,10 +351,11 @@ class EvaluateSchema:
     logger: Any = setting(None)
     memory: EvalContextSchema = setting(factory=EvalContextSchema)
     paths: PathsSchema = setting(factory=PathsSchema)
-    warmup: int = setting(0, help="segments of every stream fed to fill the memory but not scored")
+    warmup: int = setting(0, bound=COUNT, help="segments of every stream fed to fill the memory but not scored")
     vanilla: bool = setting(False, help="no cache: every token predicted by a fresh forward over attn_len tokens")
-    attn_len: int | None = setting(None, help="vanilla window; null: mem_len + tgt_len")
-    splits: list[str] = setting(factory=lambda: ["val", "test"], help="the splits scored")
+    attn_len: int | None = setting(None, bound=optional(POSITIVE), help="vanilla window; null: mem_len + tgt_len")
+    splits: list[str] = setting(factory=lambda: ["val", "test"], help="the splits scored", bound=Bound(
+        "a list of val and test", lambda v: len(v) > 0 and all(split in ("val", "test") for split in v)))
     per_document: bool = setting(False, help="also per document: count, mean, and by position in the document")
     seed: int = setting(1234, help="seeds the evaluation")
     run_name: str | None = setting(None, help="the name of the evaluation's run")
