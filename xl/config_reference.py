@@ -24,6 +24,8 @@ def default_text(field: dataclasses.Field) -> str:
         return ""
     if value == "???":
         return "required"
+    if value == "":
+        return '""'
     if dataclasses.is_dataclass(value):
         return ""
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
@@ -41,8 +43,9 @@ def rows(schema: type, prefix: str) -> list[str]:
             continue
         bound = bound_of(f)
         allowed = bound.says if bound else ""
+        default = default_text(f)
         lines.append(f"| `{prefix}{f.name}` | {cell(describe_type(hints[f.name]))} | {cell(allowed)} | "
-                     f"`{cell(default_text(f))}` | {cell(help_of(f))} |")
+                     f"{f'`{cell(default)}`' if default else ''} | {cell(help_of(f))} |")
     return lines
 
 
@@ -52,7 +55,7 @@ def options(group: str) -> str:
 
 
 def table(title: str, schema: type, prefix: str, note: str = "") -> list[str]:
-    head = [f"### {title}", ""] + ([note, ""] if note else [])
+    head = [f"### {title}", ""] + ([note.replace("``", "`"), ""] if note else [])  # Markdown, not reST
     return head + ["| key | type | allowed | default | meaning |", "|---|---|---|---|---|",
                    *rows(schema, prefix), ""]
 
