@@ -105,7 +105,9 @@ class TrainingAttentionCPU(torch.autograd.Function):
         if drop is not None:
             grad_weights.mul_(drop)
         grad_v = torch.matmul(weights.transpose(-1, -2), grad)
-        grad_scores = torch._softmax_backward_data(grad_weights, probs, -1, probs.dtype)  # before the scale
+        # The softmax's backward, in place (before the scale): p ⊙ g - p · Σ(p ⊙ g), with g the weights' gradient.
+        grad_scores = grad_weights.mul_(probs)
+        grad_scores.addcmul_(probs, grad_scores.sum(-1, keepdim=True), value=-1)
         grad_q = torch.matmul(grad_scores, k).mul_(ctx.scale)
         grad_k = torch.matmul(grad_scores.transpose(-1, -2), q_w).mul_(ctx.scale)
         grad_pos = shifted_grad(grad_scores, ctx.scale, ctx.stride)
