@@ -209,7 +209,8 @@ def test_schema_mirrors_the_code_it_configures():
         for f in dataclasses.fields(schema):
             if f.name in xl_fields and f.name != "cutoffs":
                 default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-                assert type(getattr(XLConfig, f.name))(default) == getattr(XLConfig, f.name), f.name
+                ours = getattr(XLConfig, f.name)
+                assert (default if ours is None else type(ours)(default)) == ours, f.name
     assert names(OptimSchema) == {f.name for f in dataclasses.fields(OptimConfig)}
     data_args = set(inspect.signature(SegmentDataModule).parameters) - {"source"}
     assert names(FilesDataSchema) == data_args | set(inspect.signature(SegmentDataModule.from_files).parameters) - {

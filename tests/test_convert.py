@@ -28,11 +28,11 @@ from xl.convert import ConversionError, convert
 from xl.convert.cli import main as convert_main
 from xl.convert.fetch import FetchError
 from xl.convert.vocab import LEGACY_TORCH_MAGIC, VocabularyError, read_pickle, vocabulary_from_pickle
-from xl.convert.weights import read_safetensors
+from xl.convert.weights import model_config, read_safetensors
 from xl.data.words import WordTokenizer
 from xl.evaluate import build_evaluator, evaluate
 from xl.generate import generate
-from xl.model import TransformerXL, XLConfig
+from xl.model import TransformerXL, XLConfig, count_parameters
 
 FIXTURE = Path(__file__).parent / "fixtures" / "transfo_xl"
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_transfo_xl_fixture.py"
@@ -75,6 +75,45 @@ def test_converted_model_gives_the_reference_log_probabilities_in_float64(conver
     nll = -logprobs.gather(-1, REF["rows"][:, 1:, None])[..., 0]
     torch.testing.assert_close(nll, REF["nll"], rtol=0, atol=1e-10)
     assert model.config.clamp_len < META["mem_len"] + META["tgt_len"]  # the clamp is exercised
+
+
+def test_converted_model_ties_what_the_original_ties(converted):
+    """One to one: the converted model has exactly the source's parameters (the tied ones stored once in its
+    safetensors file), its word vectors tied and the projections of the clusters the source ties."""
+    model = float64_model(converted)
+    cfg = model.config
+    assert cfg.tie_weights and cfg.tie_projs == (False, True, True, True) and cfg.proj_all and cfg.d_embed is None
+    source = read_safetensors(FIXTURE / "model.safetensors")
+    assert sum(p.numel() for p in model.parameters()) == sum(v.numel() for k, v in source.items()
+                                                               if k != "transformer.pos_emb.inv_freq")
+    embed, head = model.embed, model.head
+    assert all(head.tables[i].weight is embed.tables[i].weight for i in range(4))
+    assert [head.projs[i] is embed.projs[i] for i in range(4)] == [False, True, True, True]
+    assert torch.equal(head.projs[0].weight, source["crit.out_projs.0"].double())
+
+
+def wt103_parameters(hf: dict) -> int:
+    """The published WikiText-103 model's parameters, counted from its layout as the original builds it: per cluster
+    a table and an input projection, output biases, the untied output projections, the cluster scores; per layer the
+    attention (qkv, r, o, u, v), the feed-forward and two layer norms."""
+    d, inner, bounds = hf["d_model"], hf["n_head"] * hf["d_head"], [0, *hf["cutoffs"], hf["vocab_size"]]
+    total = hf["vocab_size"] + (len(bounds) - 2) * (d + 1)
+    for i in range(len(bounds) - 1):
+        w = d // hf["div_val"] ** i
+        total += (bounds[i + 1] - bounds[i]) * w + d * w + (0 if hf["tie_projs"][i] else d * w)
+    layer = 5 * inner * d + 2 * inner + 2 * d * hf["d_inner"] + hf["d_inner"] + d + 4 * d
+    return total + hf["n_layer"] * layer
+
+
+def test_the_converted_wikitext_103_model_has_the_originals_parameter_count():
+    """Counted on the meta device from the published model's config.json (nothing allocated): 285.2M, as the
+    original's own count; the paper's 257M leaves out what it does not count."""
+    hf = dict(vocab_size=267735, cutoffs=[20000, 40000, 200000], d_model=1024, d_embed=1024, n_head=16, d_head=64,
+              d_inner=4096, div_val=4, n_layer=18, mem_len=1600, clamp_len=1000, same_length=True, untie_r=True,
+              tie_projs=[False, True, True, True], dropout=0.1, dropatt=0.0, adaptive=True)
+    ours = count_parameters(XLConfig.from_dict(model_config(hf)))
+    assert ours == wt103_parameters(hf)
+    assert round(ours / 1e6, 1) == 285.2
 
 
 def test_converted_decoder_continues_greedily_like_the_reference(converted):
@@ -153,7 +192,7 @@ def edited_source(tmp_path: Path, **changes) -> Path:
 @pytest.mark.parametrize("change, named", [
     (dict(attn_type=1), "attn_type=1"), (dict(sample_softmax=100), "sample_softmax=100"),
     (dict(pre_lnorm=True), "pre_lnorm=true"), (dict(adaptive=False), "adaptive=false"),
-    (dict(d_embed=32), "d_embed=32"), (dict(layer_norm_epsilon=1e-12), "layer_norm_epsilon=1e-12"),
+    (dict(layer_norm_epsilon=1e-12), "layer_norm_epsilon=1e-12"),
     (dict(ext_len=16), "ext_len=16"), (dict(cutoffs=[]), "cutoffs=[]"),
 ])
 def test_unsupported_options_are_refused_naming_them_and_nothing_is_written(tmp_path, change, named):
@@ -302,24 +341,36 @@ def float64_reference_model(ref, folder: Path):
 
 @pytest.mark.parametrize("variant", [
     {}, dict(div_val=1, d_embed=48), dict(div_val=1), dict(div_val=2, proj_share_all_but_first=False),
-    dict(untie_r=False, same_length=False, clamp_len=-1),
+    dict(untie_r=False, same_length=False, clamp_len=-1), dict(div_val=2, d_embed=32), dict(div_val=2, d_embed=96),
+    dict(div_val=1, d_embed=48, tie_projs=[True, False, True, False]), dict(tie_word_embeddings=False),
 ])
 def test_live_comparison_with_transformers(converted, tmp_path, variant):
     """The fixture, and models of other options made here, against transformers itself (where version 4 is
-    importable): the same log-probabilities in float64."""
+    importable): the same log-probabilities in float64, and as many parameters (tied ones counted once)."""
     ref = reference_module()
     ref.float64_reference()
-    source, out = FIXTURE, converted
+    source, out, built = FIXTURE, converted, None
     if variant:
         hf = ref.TransfoXLLMHeadModel(ref.TransfoXLConfig(**{**ref.ARCH, **variant})).eval()
         ref.randomize(hf, torch.Generator().manual_seed(7))
+        built = hf
         source, out = tmp_path / "source", tmp_path / "out"
         hf.save_pretrained(source, safe_serialization="untie_r" not in variant)  # shared biases: torch.save only
         shutil.copy(FIXTURE / "vocab.pkl", source / "vocab.pkl")
         convert(source, out)
     rows = torch.randint(0, 100, (3, 23), generator=torch.Generator().manual_seed(os.getpid()))
-    theirs = reference_logprobs(ref, float64_reference_model(ref, source), rows, 6)
-    torch.testing.assert_close(segment_logprobs(float64_model(out), rows, 6), theirs, rtol=0, atol=1e-10)
+    hf = float64_reference_model(ref, source)
+    theirs = reference_logprobs(ref, hf, rows, 6)
+    ours = float64_model(out)
+    torch.testing.assert_close(segment_logprobs(ours, rows, 6), theirs, rtol=0, atol=1e-10)
+    # Copies here of what the original shares: with untie_r=false its one (u, v) pair is a pair per layer here; with
+    # untied word vectors its tied projections are separate (tie_projs acts with tie_weights here).
+    cfg, copies = ours.config, 0
+    if not variant.get("untie_r", True):
+        copies = (cfg.n_layer - 1) * 2 * cfg.n_head * cfg.d_head
+    if not variant.get("tie_word_embeddings", True):
+        copies = sum(ours.head.projs[i].weight.numel() for i in range(1, 4))  # the source ties clusters 1 to 3
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in (built or hf).parameters()) + copies
 
 
 def test_the_published_evaluation_config_sets_the_papers_context(converted, tmp_path, monkeypatch):

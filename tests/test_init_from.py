@@ -47,7 +47,8 @@ class FirstLoss(L.Callback):
 def test_fine_tuning_a_converted_model_starts_at_its_loss_and_trains(tmp_path, converted):
     run = build_run(compose_config(*overrides(tmp_path, converted)))
     checkpoint = Checkpoint.open(converted)
-    assert run.module.config.cutoffs == (20, 40, 70) and run.module.config.tie_weights is False  # the checkpoint's
+    config = run.module.config  # the checkpoint's shape: the original's layout and tying
+    assert config.cutoffs == (20, 40, 70) and config.tie_weights and config.tie_projs == (False, True, True, True)
     start = {k: v.clone() for k, v in run.module.model.state_dict().items()}
     first = FirstLoss()
     run.trainer.callbacks.append(first)

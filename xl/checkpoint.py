@@ -24,7 +24,7 @@ XL_KEY = "xl"  # where this project's part of a checkpoint lives
 DEFAULTS = {f.name: f.default for f in fields(XLConfig)}
 # Fields that fix the shape of the weights: a checkpoint with other values cannot be loaded.
 SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner", "pre_lnorm", "tie_weights",
-                "cutoffs", "div_val", "tie_projs")
+                "cutoffs", "div_val", "tie_projs", "d_embed", "proj_all")
 
 
 class CheckpointError(ValueError):

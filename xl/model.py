@@ -49,7 +49,7 @@ class TransformerXL(nn.Module):
         super().__init__()
         self.config = config
         if config.cutoffs:
-            self.embed: nn.Module = AdaptiveEmbedding(config.vocab_size, config.d_model, config.cutoffs, config.div_val)
+            self.embed: nn.Module = AdaptiveEmbedding.of(config)
         else:
             self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.emb_scale = math.sqrt(config.d_model)
@@ -59,7 +59,7 @@ class TransformerXL(nn.Module):
         self.final_norm = nn.LayerNorm(config.d_model) if config.pre_lnorm else nn.Identity()
         if config.cutoffs:
             # Its forward gives log-probabilities, which serve as logits (softmax of log p is p).
-            self.head: nn.Module = AdaptiveLogSoftmax(config.vocab_size, config.d_model, config.cutoffs, config.div_val)
+            self.head: nn.Module = AdaptiveLogSoftmax.of(config)
         else:
             self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.apply(self._init_weights)

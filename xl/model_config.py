@@ -31,11 +31,16 @@ class XLConfig:
     same_length: bool = False  # every query attends over exactly mem_len keys (itself included)
     pre_lnorm: bool = False
     tie_weights: bool = True  # output word vectors = input embedding
-    # Adaptive input and softmax (word-level vocabularies): cluster boundaries in the frequency-sorted
-    # vocabulary; () is one plain softmax. Cluster i is d_model // div_val**i wide.
+    # Adaptive input and softmax (word-level vocabularies, xl.adaptive): cluster boundaries in the frequency-sorted
+    # vocabulary; () is one plain softmax. Cluster i is d_embed // div_val**i wide (d_embed None: d_model), projected
+    # to d_model where its width differs, or always with proj_all (the original Transformer-XL's layout).
     cutoffs: tuple[int, ...] = ()
     div_val: int = 1
-    tie_projs: bool = True  # with tie_weights, the softmax also shares the embedding's projections
+    # With tie_weights, which projections the softmax shares with the embedding: all or none (a bool), or one flag
+    # per cluster (the published Transformer-XL models: the first cluster's untied, the others tied).
+    tie_projs: bool | tuple[bool, ...] = True
+    d_embed: int | None = None
+    proj_all: bool = False
     # Storage precision of the memory cache. "float32" never rounds: the cache keeps the layer states' own
     # dtype, float32 under 32-true and the mixed precisions (a rounded cache feeds rounding error into every
     # later segment). "bfloat16"/"float16" round the cached states, halving the cache. (bf16-true computes bf16
@@ -55,6 +60,8 @@ class XLConfig:
 
     def __post_init__(self) -> None:
         self.cutoffs = tuple(self.cutoffs)
+        if isinstance(self.tie_projs, (list, tuple)):
+            self.tie_projs = tuple(self.tie_projs)
         check_model(self)  # the rules, with every other config rule, live in xl.rules
 
     def memory_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:

@@ -50,8 +50,9 @@ def config_key(name: str) -> str:
 
 
 # ---- the model ----------------------------------------------------------------------------------------------------
-def check_model(c: Any, key: Callable[[str], str] = xlconfig_key) -> None:
-    """The model's fields (an :class:`XLConfig`, or anything with its attributes); ``key`` names a field in errors."""
+def check_model(c: Any, key: Callable[[str], str] = xlconfig_key, fitted: bool = False) -> None:
+    """The model's fields (an :class:`XLConfig`, or anything with its attributes); ``key`` names a field in errors;
+    ``fitted``: the cutoffs are fitted to the data later, and the rules that count clusters wait for them."""
     for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner"):
         value = getattr(c, name)
         if not is_int(value) or value < 1:
@@ -70,13 +71,33 @@ def check_model(c: Any, key: Callable[[str], str] = xlconfig_key) -> None:
                          f"({c.vocab_size}), exclusive, got {cutoffs}")
     if not is_int(c.div_val) or c.div_val < 1:
         raise ValueError(f"{key('div_val')} must be a positive integer, got {c.div_val!r}")
-    if c.d_model // c.div_val ** len(cutoffs) < 1:
-        raise ValueError(f"{key('div_val')}={c.div_val} leaves the last of {len(cutoffs) + 1} clusters with width 0 "
-                         f"(d_model {c.d_model}); lower div_val or use fewer cutoffs")
+    check_adaptive(c, None if fitted else cutoffs, key)
     if c.mem_dtype not in MEM_DTYPE_NAMES:
         raise ValueError(f"{key('mem_dtype')} must be one of {sorted(MEM_DTYPE_NAMES)}, got {c.mem_dtype!r}")
     check_compressive(c.cmem_len, c.cmem_rate, c.cmem_fn, c.same_length, key)
     check_tokens(c.num_tokens, c.tokens_seg_len, c.cmem_len, c.same_length, key)
+
+
+def check_adaptive(c: Any, cutoffs: list[int] | None, key: Callable[[str], str] = xlconfig_key) -> None:
+    """The adaptive input/softmax's widths, projections and tying (:mod:`xl.adaptive`); ``cutoffs`` None: not
+    known yet (fitted to the data later)."""
+    d_embed = c.d_model if c.d_embed is None else c.d_embed
+    if not is_int(d_embed) or d_embed < 1:
+        raise ValueError(f"{key('d_embed')} must be null (d_model) or a positive integer, got {c.d_embed!r}")
+    tie = c.tie_projs
+    if not isinstance(tie, bool) and (not isinstance(tie, (list, tuple)) or not all(isinstance(t, bool) for t in tie)
+                                      or (cutoffs is not None and len(tie) != len(cutoffs) + 1)):
+        clusters = "one per cluster" if cutoffs is None else f"{len(cutoffs) + 1}, one per cluster"
+        raise ValueError(f"{key('tie_projs')} must be true, false or a list of them ({clusters}), got {tie!r}")
+    if cutoffs is None:
+        return
+    if not cutoffs and (d_embed != c.d_model or c.proj_all):
+        what = f"{key('d_embed')}={d_embed}" if d_embed != c.d_model else f"{key('proj_all')}=true"
+        raise ValueError(f"{what} needs an adaptive input and softmax; set {key('cutoffs')} or leave it out")
+    if d_embed // c.div_val ** len(cutoffs) < 1:
+        raise ValueError(f"{key('div_val')}={c.div_val} leaves the last of {len(cutoffs) + 1} clusters with width 0 "
+                         f"({'d_model' if c.d_embed is None else 'd_embed'} {d_embed}); lower div_val or use fewer "
+                         "cutoffs")
 
 
 def check_context(mem_len: int, clamp_len: int, same_length: bool) -> None:
@@ -248,10 +269,11 @@ def model_values(cfg: DictConfig, vocab_size: int, fitted_cutoffs: list[int] | N
             "tokens_seg_len": cfg.data.tgt_len if memory.num_tokens else 0}
 
 
-def check_model_settings(values: Mapping[str, Any]) -> None:
-    """:func:`check_model` on a composed config's values, naming the keys as the user writes them."""
+def check_model_settings(values: Mapping[str, Any], fitted: bool = False) -> None:
+    """:func:`check_model` on a composed config's values, naming the keys as the user writes them; ``fitted``: the
+    cutoffs are the data's, not known yet."""
     try:
-        check_model(SimpleNamespace(**values), key=config_key)
+        check_model(SimpleNamespace(**values), key=config_key, fitted=fitted)
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err)) from None
 
@@ -272,7 +294,7 @@ def check_config(cfg: DictConfig, vocabulary: Callable[[], int]) -> None:
     memory = cfg.memory
     check_memory(memory)
     check_compression_rate(cfg)
-    check_model_settings(model_values(cfg, vocabulary()))
+    check_model_settings(model_values(cfg, vocabulary()), fitted=cfg.model.get("cutoffs") is None)
     try:
         check_grad_segments(memory.grad_segments, memory.mem_len, memory.cmem_len, memory.num_tokens)
         check_optim(cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)

@@ -45,6 +45,8 @@ COUNT = at_least(0)
 SIZE = Bound("a positive integer", lambda v: is_int(v) and v >= 1)
 CLAMP_OR_NULL = Bound("null, -1 (no clamping) or a positive integer",
                       lambda v: v is None or v == -1 or (is_int(v) and v > 0))
+FLAGS = Bound("true, false or a list of them, one per cluster", lambda v: isinstance(v, bool) or (
+    (OmegaConf.is_list(v) or isinstance(v, (list, tuple))) and all(isinstance(t, bool) for t in v)))
 
 
 # ---- model and memory: the defaults are XLConfig's (config S of the benchmarks) -----------------------------------
@@ -66,8 +68,13 @@ class ModelSchema:
         None, help="adaptive input/softmax cluster boundaries, strictly increasing below the vocabulary; [] one "
                    "softmax; null fitted to the vocabulary (one softmax up to 32,768 ids or for byte/char data; "
                    "above, a head of the 8,192 most frequent ids and clusters 4x wider)")
-    div_val: int = setting(XLConfig.div_val, bound=SIZE, help="cluster i is d_model // div_val**i wide")
-    tie_projs: bool = setting(XLConfig.tie_projs, help="with tie_weights, the softmax shares the input projections")
+    div_val: int = setting(XLConfig.div_val, bound=SIZE, help="cluster i is d_embed // div_val**i wide")
+    tie_projs: Any = setting(XLConfig.tie_projs, bound=FLAGS, help="with tie_weights, the softmax shares the input "
+                                                                   "projections: all, or of the clusters a list marks")
+    d_embed: int | None = setting(XLConfig.d_embed, bound=optional(SIZE),
+                                  help="the adaptive input's first cluster's width; null: d_model")
+    proj_all: bool = setting(XLConfig.proj_all, help="every cluster projected to d_model, also one already that wide "
+                                                     "(the original Transformer-XL's layout)")
 
 
 @dataclass

@@ -2,16 +2,12 @@
 
 Every option of the published configs has a counterpart here, or the conversion stops with one sentence naming it.
 The layers map one to one (the query/key/value projection is split into ours). The adaptive input and softmax map
-cluster by cluster, with two exact rewritings where the layouts differ:
-
-- A cluster as wide as ``d_model`` has no projection here, while the original projects every cluster when
-  ``div_val > 1`` (and every cluster of width ``d_embed`` to ``d_model``). Its projection is multiplied into its
-  word vectors: the embedding ``E[w] Pᵀ`` and the softmax's ``(h P) W[w]ᵀ = h (W Pᵀ)[w]ᵀ``, computed and stored
-  in float64 (these tables take twice the space of the source's float32; a float32 model rounds them once when it
-  loads them).
-- The original ties the output word vectors to the input ones but gives the first cluster separate input and output
-  projections; once those are multiplied in, the two tables differ, so the converted model keeps separate input and
-  output tables (``tie_weights=false``) holding the same values the original computes with.
+one to one too: ``d_embed`` is the width of the first cluster, ``proj_all`` gives every cluster a projection where
+the original projects every cluster (``div_val > 1``, or ``d_embed`` other than ``d_model``), ``tie_weights`` and the
+per-cluster ``tie_projs`` share what the original shares, and with ``div_val = 1`` the original's one table is cut
+into its clusters (its one input projection shared by all of them, as here). A source whose word vectors are not
+tied but whose projections are gets separate copies of the tied projections (``tie_projs`` acts with ``tie_weights``
+here): the same values, trained apart.
 """
 
 from __future__ import annotations
@@ -87,8 +83,6 @@ def model_config(hf: dict[str, Any]) -> dict[str, Any]:
         (not hf.get("adaptive", True), "adaptive=false: its meaning differs between implementations (this format's "
                                        "model ignores it); set it true if the weights have cutoffs"),
         (not cutoffs, "cutoffs=[]: one softmax with output biases has no counterpart here"),
-        (div_val > 1 and d_embed != d_model, f"d_embed={d_embed} with div_val={div_val}: clusters narrower than "
-                                             f"d_model={d_model} by div_val are the only layout here"),
         (hf.get("layer_norm_epsilon", LAYER_NORM_EPS) != LAYER_NORM_EPS,
          f"layer_norm_epsilon={hf.get('layer_norm_epsilon')}: our layer norms use {LAYER_NORM_EPS}"),
     ]
@@ -101,13 +95,25 @@ def model_config(hf: dict[str, Any]) -> dict[str, Any]:
         "d_head": hf["d_head"], "d_inner": hf["d_inner"], "dropout": hf.get("dropout", 0.1),
         "dropatt": hf.get("dropatt", 0.0), "mem_len": hf.get("mem_len", 0),
         "clamp_len": clamp_len if clamp_len > 0 else -1, "same_length": hf.get("same_length", False),
-        "pre_lnorm": False, "tie_weights": False, "cutoffs": cutoffs, "div_val": div_val, "tie_projs": False,
+        "pre_lnorm": False, "tie_weights": tied_words(hf), "cutoffs": cutoffs, "div_val": div_val,
+        "tie_projs": tie_projections(hf) if tied_words(hf) else False,
+        "d_embed": None if d_embed == d_model else d_embed, "proj_all": projected(hf),
     }
     try:
         XLConfig.from_dict(values)
     except (TypeError, ValueError) as err:
         raise ConversionError(f"config.json gives a model this project cannot build: {err}") from None
     return values
+
+
+def tied_words(hf: dict[str, Any]) -> bool:
+    """Whether the original's output word vectors are its input ones."""
+    return bool(hf.get("tie_word_embeddings", hf.get("tie_weight", True)))
+
+
+def projected(hf: dict[str, Any]) -> bool:
+    """Whether the original projects its word vectors (every cluster, or the one table) to d_model."""
+    return hf.get("div_val", 1) > 1 or hf.get("d_embed", hf["d_model"]) != hf["d_model"]
 
 
 def tie_projections(hf: dict[str, Any]) -> list[bool]:
@@ -128,49 +134,27 @@ def convert_weights(hf: dict[str, Any], source: dict[str, torch.Tensor]) -> dict
         used.add(name)
         return source[name]
 
-    div_val, d_model = hf.get("div_val", 1), hf["d_model"]
-    d_embed = hf.get("d_embed", d_model)
-    tied_words = bool(hf.get("tie_word_embeddings", hf.get("tie_weight", True)))
-    tie_projs = tie_projections(hf)
+    div_val = hf.get("div_val", 1)
+    tied, tie_projs, proj = tied_words(hf), tie_projections(hf), projected(hf)
     n_clusters = len(hf["cutoffs"]) + 1
     bounds = [0, *hf["cutoffs"], hf.get("vocab_size", hf.get("n_token"))]
-    projected = div_val > 1 or d_embed != d_model  # the original projects (every cluster, or the one table)
-
-    def emb_proj(i: int) -> torch.Tensor:
-        return take(f"transformer.word_emb.emb_projs.{i if div_val > 1 else 0}")
-
-    def out_proj(i: int) -> torch.Tensor | None:
-        if tie_projs[i] and projected:
-            return emb_proj(i)
-        return take(f"crit.out_projs.{i}") if projected else None
-
-    def out_weight(i: int) -> torch.Tensor:
-        layer = i if div_val > 1 else 0
-        name = f"transformer.word_emb.emb_layers.{layer}.weight" if tied_words else f"crit.out_layers.{layer}.weight"
-        used.add(f"crit.out_layers.{layer}.weight")
-        return take(name)
-
-    def fold(table: torch.Tensor, proj: torch.Tensor | None) -> torch.Tensor:
-        """``table @ projᵀ``, computed and kept in float64 (at least): a float32 model reads it rounded once, as it
-        would round any product, and a float64 model gets the original's values exactly."""
-        return table if proj is None else table.double() @ proj.double().t()
 
     ours: dict[str, torch.Tensor] = {}
     for i in range(n_clusters):
-        lo, hi = bounds[i], bounds[i + 1]
-        rows = slice(0, None) if div_val > 1 else slice(lo, hi)
-        emb = take(f"transformer.word_emb.emb_layers.{i if div_val > 1 else 0}.weight")[rows]
-        bias = take(f"crit.out_layers.{i if div_val > 1 else 0}.bias")[rows]
-        weight = out_weight(i)[rows]
-        if div_val > 1 and i > 0:  # narrower than d_model: projected here too
-            ours[f"embed.tables.{i}.weight"], ours[f"embed.projs.{i}.weight"] = emb, emb_proj(i)
-            ours[f"head.tables.{i}.weight"], ours[f"head.projs.{i}.weight"] = weight, out_proj(i)
-        else:
-            ours[f"embed.tables.{i}.weight"] = fold(emb, emb_proj(i) if projected else None)
-            ours[f"head.tables.{i}.weight"] = fold(weight, out_proj(i))
-        ours[f"head.tables.{i}.bias"] = bias
-    ours["head.cluster.weight"] = fold(take("crit.cluster_weight"), out_proj(0))
-    ours["head.cluster.bias"] = take("crit.cluster_bias")
+        # div_val 1: one table (and one input projection) in the original, cut here into the clusters' rows
+        layer, rows = (i, slice(0, None)) if div_val > 1 else (0, slice(bounds[i], bounds[i + 1]))
+        ours[f"embed.tables.{i}.weight"] = take(f"transformer.word_emb.emb_layers.{layer}.weight")[rows]
+        used.add(f"crit.out_layers.{layer}.weight")  # tied: a stored copy of the input table
+        out = f"transformer.word_emb.emb_layers.{layer}.weight" if tied else f"crit.out_layers.{layer}.weight"
+        ours[f"head.tables.{i}.weight"] = take(out)[rows]
+        ours[f"head.tables.{i}.bias"] = take(f"crit.out_layers.{layer}.bias")[rows]
+        if proj:
+            ours[f"embed.projs.{i}.weight"] = take(f"transformer.word_emb.emb_projs.{layer}")
+            ours[f"head.projs.{i}.weight"] = ours[f"embed.projs.{i}.weight"] if tie_projs[i] else \
+                take(f"crit.out_projs.{i}")
+    if n_clusters > 1:
+        ours["head.cluster.weight"] = take("crit.cluster_weight")
+        ours["head.cluster.bias"] = take("crit.cluster_bias")
 
     inner = hf["n_head"] * hf["d_head"]
     for n in range(hf["n_layer"]):
