@@ -292,8 +292,10 @@ def test_cache_is_built_once_and_reused(tmp_path, monkeypatch):
     first = open_cache(source, make_tokenizer("word"), None)
     assert first.folder.parent == tmp_path / "env-cache"
     assert CountingSource.calls == 4  # fit on train, then encode train, val, test
+    # val and test have a word the training split lacks (<unk>): their positions' byte counts are kept too
     assert {p.name for p in first.folder.iterdir()} == {"train.npy", "val.npy", "test.npy", "train.docs.npy",
-                                                        "val.docs.npy", "test.docs.npy", "tokenizer.json", "meta.json"}
+                                                        "val.docs.npy", "test.docs.npy", "val.bytes.npy",
+                                                        "test.bytes.npy", "tokenizer.json", "meta.json"}
     second = open_cache(source, make_tokenizer("word"), None)
     assert CountingSource.calls == 4 and second.folder == first.folder
     assert second.tokenizer.itos == first.tokenizer.itos

@@ -54,10 +54,18 @@ class Documents:
 
 
 def split_batch(batch: tuple | list) -> tuple[Tensor, Tensor | None, Documents | None]:
-    """``(x, y)`` or ``(x, y, documents)`` (what :class:`xl.data.SegmentLoader` yields) as ``(x, y, documents)``."""
-    if len(batch) not in (2, 3) or (len(batch) == 3 and not isinstance(batch[2], Documents)):
-        raise ValueError("a segment batch is (x, y) or (x, y, Documents)")
-    return batch[0], batch[1], batch[2] if len(batch) == 3 else None
+    """``(x, y)`` or ``(x, y, documents)`` (what :class:`xl.data.SegmentLoader` yields), each maybe followed by the
+    targets' UTF-8 lengths (:func:`target_bytes`), as ``(x, y, documents)``."""
+    rest = batch[2:-1] if target_bytes(batch) is not None else batch[2:]
+    if len(batch) < 2 or len(rest) > 1 or (rest and not isinstance(rest[0], Documents)):
+        raise ValueError("a segment batch is (x, y) or (x, y, Documents), either followed by the targets' bytes")
+    return batch[0], batch[1], rest[0] if rest else None
+
+
+def target_bytes(batch: tuple | list) -> Tensor | None:
+    """The targets' UTF-8 lengths ``[B, L]`` that end a batch of a split with ``<unk>`` (each what its target
+    replaced), or None: the tokenizer's per-id table counts the targets (:class:`xl.metrics.LMMetrics`)."""
+    return batch[-1] if len(batch) > 2 and isinstance(batch[-1], Tensor) else None
 
 
 def positions(starts: Tensor, before: Tensor | None = None) -> Tensor:

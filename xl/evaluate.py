@@ -36,7 +36,7 @@ from xl.build import ConfigError, build, build_datamodule, check_device
 from xl.checkpoint import Checkpoint
 from xl.config import entry_point
 from xl.console import TRAINER_DEFAULTS, errors_logged, quiet_warnings
-from xl.documents import MODES, Documents, DocumentStats, split_batch, summary
+from xl.documents import MODES, Documents, DocumentStats, split_batch, summary, target_bytes
 from xl.eval_results import describe, format_table, log_results, record, scored_corpus, write_results
 from xl.lit import XLLitModule
 from xl.model import TransformerXL
@@ -125,7 +125,7 @@ class Evaluator(XLLitModule):
             torch.cuda.synchronize()
         self.seconds += time.perf_counter() - start
         self.tokens += y.numel()
-        self.metrics.update(stage, loss, y)
+        self.metrics.update(stage, loss, y, target_bytes(batch))
         if self.per_document:
             if self.stats is None:
                 self.stats = DocumentStats(x.size(0), x.device)

@@ -32,7 +32,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from xl.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
-from xl.documents import Documents, split_batch
+from xl.documents import Documents, split_batch, target_bytes
 from xl.footprint import cache_footprint
 from xl.memory import MemoryStore, packed_size
 from xl.metrics import UNITS, LMMetrics, quality, quality_name
@@ -175,7 +175,7 @@ class XLLitModule(L.LightningModule):
             for m in self.memory.mems["train"]:
                 m.nan_to_num_(0.0, 0.0, 0.0)
         self.bad_loss = self.bad_loss | ~torch.isfinite(loss.detach())
-        values = self.metrics.update("train", loss, batch[1])
+        values = self.metrics.update("train", loss, batch[1], target_bytes(batch))
         self.log_dict(values, on_step=True, prog_bar=True, batch_size=batch[1].size(0))
         if out.recon_loss is None:
             return loss
@@ -301,14 +301,14 @@ class XLLitModule(L.LightningModule):
         self.log_epoch("train")
 
     def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
-        self.metrics.update("val", self.segment_loss(batch, "val"), batch[1])
+        self.metrics.update("val", self.segment_loss(batch, "val"), batch[1], target_bytes(batch))
 
     def on_validation_epoch_end(self) -> None:
         self.memory.reset("val")  # evaluation memories can be far longer than training's: free them now
         self.log_epoch("val")
 
     def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
-        self.metrics.update("test", self.segment_loss(batch, "test"), batch[1])
+        self.metrics.update("test", self.segment_loss(batch, "test"), batch[1], target_bytes(batch))
 
     def on_test_epoch_end(self) -> None:
         self.memory.reset("test")

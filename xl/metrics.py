@@ -4,13 +4,12 @@ Each tokenizer's own unit (bits per byte or char, perplexity per word or subword
 across tokenizers. Bits per byte of the original text can: ``bpb = total nats / (UTF-8 bytes of the scored
 text × ln 2)``, where the scored text is that of the target tokens, each counted by the tokenizer's byte-length
 table (``token_bytes()`` in ``xl.data.tokenizers``). For the byte tokenizer it equals bits per token. For char and
-subword tokenizers the table is exact for every id but ``<unk>``; subwords never produce it. ``<unk>`` counts what
-its id can say, not what it replaced (the table has one length per id; the replaced text is not kept with the
-ids): for chars, one byte per character that the training split lacks (their real length is 1 to 4 bytes); for
-words, the 6 bytes of ``<unk>`` and its separator, which is the text itself where it writes ``<unk>`` (WikiText),
-and a word the vocabulary lacks counts those 6 bytes whatever its length. A word also counts one separator after
-it (``xl.data.words``). Sums are kept as float64 nats and int64 token and byte counts, and summed across ranks, so
-the epoch figures are exact whatever the batch sizes.
+subword tokenizers the table is exact for every id but ``<unk>``; subwords never produce it. ``<unk>`` stands for
+text of any length, so a split where the tokenizer gave it carries each target's own length with its batches
+(the token cache keeps them: ``xl.data.cache``), and those are counted instead of the table: a character the
+training split lacks counts its own 1 to 4 bytes, a word the vocabulary lacks its own bytes and separator. A word
+also counts one separator after it (``xl.data.words``). Sums are kept as float64 nats and int64 token and byte
+counts, and summed across ranks, so the epoch figures are exact whatever the batch sizes.
 """
 
 from __future__ import annotations
@@ -70,9 +69,9 @@ class LMMetrics(nn.Module):
     """Per-stage sums of the loss and of the scored bytes, and the figures logged from them.
 
     ``token_bytes`` (set by :meth:`set_token_bytes`, a vocabulary-sized int64 buffer that moves with the module)
-    counts each target token's bytes. Without it, bits per byte are reported for the byte unit only (one byte
-    per token). Training leaves out a step whose loss is not finite (the optimizer skips it too); evaluation
-    counts it, so that a NaN shows.
+    counts each target token's bytes, unless the batch gives the targets' own lengths (a split with ``<unk>``).
+    Without either, bits per byte are reported for the byte unit only (one byte per token). Training leaves out a
+    step whose loss is not finite (the optimizer skips it too); evaluation counts it, so that a NaN shows.
     """
 
     def __init__(self, unit: str, stages: Sequence[str] = STAGES) -> None:
@@ -95,19 +94,23 @@ class LMMetrics(nn.Module):
     def counts_bytes(self) -> bool:
         return bool(self.token_bytes.numel()) or self.unit == "byte"
 
-    def target_bytes(self, target: Tensor) -> Tensor | int | None:
-        """UTF-8 bytes of the text of ``target``, or None when they cannot be counted."""
+    def target_bytes(self, target: Tensor, lengths: Tensor | None = None) -> Tensor | int | None:
+        """UTF-8 bytes of the text of ``target`` (``lengths``: each target's own, where the batch gives them), or
+        None when they cannot be counted."""
+        if lengths is not None:
+            return lengths.sum()
         if self.token_bytes.numel():
             return self.token_bytes[target].sum()
         return target.numel() if self.unit == "byte" else None
 
-    def update(self, stage: str, nll: Tensor, target: Tensor) -> dict[str, Tensor]:
+    def update(self, stage: str, nll: Tensor, target: Tensor, lengths: Tensor | None = None) -> dict[str, Tensor]:
         """Add a batch scored with mean NLL ``nll`` over the tokens of ``target``; return the batch's figures.
+        ``lengths``: the targets' UTF-8 lengths where the batch gives them (:func:`xl.documents.target_bytes`).
 
         Nothing here waits for the device (no host-side branch on values, no host-to-device copy).
         """
         nll, n = nll.detach(), target.numel()
-        n_bytes = self.target_bytes(target)
+        n_bytes = self.target_bytes(target, lengths)
         nats = nll.double() * n
         tokens, counted = n, 0 if n_bytes is None else n_bytes
         if stage == "train":

@@ -3,7 +3,10 @@
 The folder name is a hash of the source identity (its document rule included) and tokenizer settings, so a
 changed file, document rule or vocabulary setting gets a fresh folder; a folder whose recorded settings differ
 from the run's is refused, never mixed. Each split has its ids (``<split>.npy``) and the offsets where its
-documents begin (``<split>.docs.npy``, int64, sorted, from 0), both memory-mapped when read. A cache is built in
+documents begin (``<split>.docs.npy``, int64, sorted, from 0), both memory-mapped when read. A split where the
+tokenizer gave ``<unk>`` (whose one table entry cannot say how many bytes each replaced) also has the UTF-8 length
+of every position's text (``<split>.bytes.npy``, the smallest unsigned dtype that holds them), so that bits per
+byte count the real bytes; where the tokenizer's per-id table is exact there is no such file. A cache is built in
 a private temporary folder (the fitted vocabulary and the ids it gave, together) and renamed into place only when
 complete, ``meta.json`` included, so a crash, a full disk or two processes building at once never leave a cache
 that a later run trusts.
@@ -32,21 +35,23 @@ from xl.data.tokenizers import Tokenizer, tokenizer_from_dict
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 2  # 2: document start offsets per split
+CACHE_FORMAT = 3  # 2: document start offsets per split; 3: the positions' bytes of a split with <unk>
 TOP_UNKNOWN = 20
 BATCH_CHARS = 16 << 20  # text handed to one (parallel) encode_batch call
 
 
 @dataclass(frozen=True)
 class TokenCache:
-    """A complete cache folder opened for reading: the fitted tokenizer, one read-only memmap of ids per split, and
-    one of the offsets where the split's documents begin."""
+    """A complete cache folder opened for reading: the fitted tokenizer, one read-only memmap of ids per split, one
+    of the offsets where the split's documents begin, and one of each position's UTF-8 length for the splits that
+    have ``<unk>`` (``target_bytes``; absent where the tokenizer's table is exact)."""
 
     folder: Path
     tokenizer: Tokenizer
     splits: dict[str, np.ndarray]
     meta: dict[str, Any]
     docs: dict[str, np.ndarray] = field(default_factory=dict)
+    target_bytes: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -62,6 +67,11 @@ def cache_folder(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathL
 def token_dtype(vocab_size: int) -> np.dtype:
     """The smallest dtype that holds every id: uint8, uint16 or int32."""
     return np.dtype(np.uint8 if vocab_size <= 256 else np.uint16 if vocab_size <= 65535 else np.int32)
+
+
+def bytes_dtype(largest: int) -> np.dtype:
+    """The smallest unsigned dtype that holds every position's byte count."""
+    return np.dtype(np.uint8 if largest <= 0xFF else np.uint16 if largest <= 0xFFFF else np.uint32)
 
 
 def build_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -89,7 +99,7 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
     for split in SPLITS:
         unknown: Counter[str] = Counter()
         encode_start = time.perf_counter()
-        ids, starts, empty, n_bytes = encode_documents(source, split, tokenizer, unknown)
+        ids, starts, empty, n_bytes, position_bytes = encode_documents(source, split, tokenizer, unknown)
         encode_seconds += time.perf_counter() - encode_start
         if ids.size == 0:
             raise DataError(f"{source.setting(split)} gives no tokens; point it at a non-empty corpus")
@@ -102,8 +112,13 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
         ids = ids.astype(dtype, copy=False)
         _write_atomic(folder / f"{split}.npy", lambda f, ids=ids: np.save(f, ids))
         _write_atomic(folder / f"{split}.docs.npy", lambda f, starts=starts: np.save(f, starts))
-        splits[split] = {"tokens": int(ids.size), "bytes": n_bytes,
-                         "token_bytes": int(tokenizer.token_bytes()[ids].sum()),
+        if position_bytes is not None:
+            position_bytes = position_bytes.astype(bytes_dtype(int(position_bytes.max())))
+            _write_atomic(folder / f"{split}.bytes.npy", lambda f, b=position_bytes: np.save(f, b))
+        table_bytes = int(tokenizer.token_bytes()[ids].sum())
+        counted = table_bytes if position_bytes is None else int(position_bytes.sum(dtype=np.int64))
+        splits[split] = {"tokens": int(ids.size), "bytes": n_bytes, "token_bytes": table_bytes,
+                         "counted_bytes": counted,
                          "unknown": sum(unknown.values()), "unknown_top": unknown.most_common(TOP_UNKNOWN),
                          "documents": int(starts.size), "empty_documents": empty}
     _write_atomic(folder / "tokenizer.json", lambda f: f.write(json.dumps(tokenizer.to_dict()).encode()))
@@ -115,19 +130,28 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
 
 
 def encode_documents(source: Source, split: str, tokenizer: Tokenizer,
-                     unknown: Counter[str]) -> tuple[np.ndarray, np.ndarray, int, int]:
+                     unknown: Counter[str]) -> tuple[np.ndarray, np.ndarray, int, int, np.ndarray | None]:
     """The split's ids, the offsets where its documents begin (int64, from 0), how many documents gave no tokens
-    (skipped: their boundary would coincide with the next document's), and the split's UTF-8 size. Subword
+    (skipped: their boundary would coincide with the next document's), the split's UTF-8 size, and each position's
+    UTF-8 length where the split has ``<unk>`` (else None: the tokenizer's table counts every id exactly). Subword
     tokenizers get the documents in batches to encode in parallel."""
     encode_batch = getattr(tokenizer, "encode_batch", None)
+    unknown_bytes = getattr(tokenizer, "unknown_bytes", None)  # tokenizers that can give <unk>
+    table = tokenizer.token_bytes()
     pieces: list[tuple[bool, np.ndarray]] = []  # (a document begins here, ids)
+    replaced: dict[int, np.ndarray] = {}  # piece → the bytes of each of its <unk>
     batch: list[tuple[bool, str]] = []
     chars = n_bytes = 0
     for begins, text in documents(source, split):
         _check_text(text, source, split, tokenizer)
         n_bytes += len(text.encode("utf-8", "surrogateescape"))
         if encode_batch is None:
-            pieces.append((begins, tokenizer.encode(text, unknown)))
+            missing: Counter[str] = Counter()
+            ids = tokenizer.encode(text, missing)
+            unknown.update(missing)
+            if missing and unknown_bytes is not None:  # not a literal <unk> (WikiText's), which the table counts
+                replaced[len(pieces)] = unknown_bytes(text, ids)
+            pieces.append((begins, ids))
             continue
         batch.append((begins, text))
         chars += len(text)
@@ -149,7 +173,13 @@ def encode_documents(source: Source, split: str, tokenizer: Tokenizer,
     if starts[:1] != [0] and offset:  # text before the first marked document is a document too
         starts.insert(0, 0)
     ids = np.concatenate([p for _, p in pieces]) if pieces else np.zeros(0, np.int64)
-    return ids, np.asarray(starts, dtype=np.int64), empty, n_bytes
+    position_bytes = None
+    if replaced:
+        parts = [table[p] for _, p in pieces]
+        for i, real in replaced.items():
+            parts[i][pieces[i][1] == tokenizer.unk_id] = real
+        position_bytes = np.concatenate(parts)
+    return ids, np.asarray(starts, dtype=np.int64), empty, n_bytes, position_bytes
 
 
 def _publish(work: Path, folder: Path) -> None:
@@ -179,7 +209,9 @@ def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLik
                         "that folder or set data.cache_dir to another folder")
     splits = {split: np.load(folder / f"{split}.npy", mmap_mode="r") for split in SPLITS}
     docs = {split: np.load(folder / f"{split}.docs.npy", mmap_mode="r") for split in SPLITS}
-    return TokenCache(folder, fitted, splits, meta, docs)
+    target_bytes = {split: np.load(folder / f"{split}.bytes.npy", mmap_mode="r") for split in SPLITS
+                    if (folder / f"{split}.bytes.npy").is_file()}
+    return TokenCache(folder, fitted, splits, meta, docs, target_bytes)
 
 
 def _checked_texts(source: Source, split: str, tokenizer: Tokenizer) -> Iterator[str]:

@@ -115,7 +115,8 @@ class SegmentDataModule(lightning.LightningDataModule):
 
     @property
     def token_bytes(self) -> torch.Tensor:
-        """Each id's length in UTF-8 bytes of the original text (int64, vocabulary-sized), for bits per byte."""
+        """Each id's length in UTF-8 bytes of the original text (int64, vocabulary-sized), for bits per byte; where
+        a split has ``<unk>``, its batches also carry each target's own length, which the metrics count instead."""
         return torch.from_numpy(self.cache.tokenizer.token_bytes())
 
     def setup(self, stage: str | None = None) -> None:
@@ -125,11 +126,12 @@ class SegmentDataModule(lightning.LightningDataModule):
 
     def _make_loader(self, split: str) -> SegmentLoader:
         world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        ids, docs = self.cache.splits[split], self.cache.docs[split]
+        ids, docs, n_bytes = self.cache.splits[split], self.cache.docs[split], self.cache.target_bytes.get(split)
         if split == "train":
             return SegmentLoader(ids, self.batch_size, self.tgt_len, rank, world_size, split,
-                                 epoch_length=self._epoch_length, doc_starts=docs)
-        return SegmentLoader(ids, self.eval_batch_size, self.eval_tgt_len, rank, world_size, split, doc_starts=docs)
+                                 epoch_length=self._epoch_length, doc_starts=docs, target_bytes=n_bytes)
+        return SegmentLoader(ids, self.eval_batch_size, self.eval_tgt_len, rank, world_size, split, doc_starts=docs,
+                             target_bytes=n_bytes)
 
     def _epoch_length(self) -> int | None:
         """Training segments per epoch as the trainer counts them (``limit_train_batches``), once it has."""

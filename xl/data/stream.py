@@ -18,7 +18,8 @@ import torch
 from xl.data.errors import DataError
 from xl.documents import Documents, stream_positions
 
-Batch = tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, Documents]
+# (x, y), with the rows' Documents where the loader knows them, then the targets' UTF-8 lengths where it has them
+Batch = tuple[torch.Tensor | Documents, ...]
 
 
 def split_streams(ids: np.ndarray, batch_size: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
@@ -42,7 +43,9 @@ def split_streams(ids: np.ndarray, batch_size: int, rank: int = 0, world_size: i
 class SegmentLoader:
     """Yields ``(x, y)`` int64 tensors ``[B, L]``: ``x = rows[:, tL : tL+L]`` and ``y`` the same shifted by one;
     given ``doc_starts`` (the sorted offsets in ``ids`` where documents begin), ``(x, y, documents)`` with the
-    :class:`xl.documents.Documents` of every row (positions of the inputs and targets in their documents).
+    :class:`xl.documents.Documents` of every row (positions of the inputs and targets in their documents); given
+    ``target_bytes`` (each position's UTF-8 length, aligned with ``ids``), the batch ends with the targets' lengths
+    ``[B, L]`` (int64), read by :func:`xl.documents.target_bytes`.
 
     Every token but the last of each row is an input once; the last segment may be shorter than ``tgt_len``.
     The position (the next segment to yield) is reset by each ``iter()`` - Lightning stops a sized loader after
@@ -52,6 +55,7 @@ class SegmentLoader:
     def __init__(
         self, ids: np.ndarray, batch_size: int, tgt_len: int, rank: int = 0, world_size: int = 1, name: str = "train",
         epoch_length: Callable[[], int | None] | None = None, doc_starts: np.ndarray | None = None,
+        target_bytes: np.ndarray | None = None,
     ) -> None:
         """``epoch_length``: how many segments the trainer reads per epoch (``limit_train_batches``), if fewer."""
         if tgt_len < 1:
@@ -67,6 +71,10 @@ class SegmentLoader:
         self.batch_size, self.tgt_len, self.rank, self.world_size = batch_size, tgt_len, rank, world_size
         self.epoch_length = epoch_length
         self.doc_starts = None if doc_starts is None else np.asarray(doc_starts, dtype=np.int64)
+        if target_bytes is not None and target_bytes.shape != ids.shape:
+            raise DataError(f"the {name} split has {len(ids)} tokens but {len(target_bytes)} byte counts; rebuild the "
+                            "data cache (delete its folder)")
+        self.byte_rows = None if target_bytes is None else split_streams(target_bytes, batch_size, rank, world_size)
         self.row_starts = (rank * batch_size + np.arange(batch_size)) * self.rows.shape[1]  # offsets in ids
         self._position = 0
         self._resuming = False
@@ -80,12 +88,15 @@ class SegmentLoader:
         end = min(start + self.tgt_len, self.rows.shape[1] - 1)
         x = torch.from_numpy(np.array(self.rows[:, start:end], dtype=np.int64))
         y = torch.from_numpy(np.array(self.rows[:, start + 1 : end + 1], dtype=np.int64))
+        extra: tuple[torch.Tensor, ...] = ()
+        if self.byte_rows is not None:
+            extra = (torch.from_numpy(np.array(self.byte_rows[:, start + 1 : end + 1], dtype=np.int64)),)
         if self.doc_starts is None:
-            return x, y
+            return x, y, *extra
         pos = stream_positions(self.doc_starts, self.row_starts[:, None] + np.arange(start, end + 1))
         latest = int((np.arange(end - start) - pos[:, :-1]).max())
         pos = torch.from_numpy(pos)
-        return x, y, Documents(pos[:, :-1].contiguous(), latest, pos[:, 1:].contiguous())
+        return x, y, Documents(pos[:, :-1].contiguous(), latest, pos[:, 1:].contiguous()), *extra
 
     def __iter__(self) -> Iterator[Batch]:
         if not self._resuming:

@@ -110,15 +110,18 @@ class CharTokenizer:
         return "".join(symbols[i] for i in np.asarray(ids).tolist())
 
     def token_bytes(self) -> np.ndarray:
-        """Each character's UTF-8 length; ``<unk>`` counts 1 byte.
+        """Each character's UTF-8 length; ``<unk>`` counts 1 byte here.
 
-        The table holds one length per id, and ``<unk>`` stands for every character the training split lacks,
-        whatever its own UTF-8 length (1 to 4 bytes). Over text that holds such characters, bits per byte counts
-        each of them as one byte, and so reads higher than over the text's real bytes; the token cache's
-        ``meta.json`` gives each split's count of them (``unknown``), its real size (``bytes``) and the table's
-        count (``token_bytes``).
+        ``<unk>`` stands for every character the training split lacks, whatever its own UTF-8 length (1 to 4
+        bytes), so one length per id cannot count it: the token cache keeps, for a split that has ``<unk>``, the
+        real length of each position (:meth:`unknown_bytes`), and bits per byte counts those.
         """
         return np.array([len(c.encode("utf-8")) for c in self.chars] + [1], dtype=np.int64)
+
+    def unknown_bytes(self, text: str, ids: np.ndarray) -> np.ndarray:
+        """The UTF-8 length of each character that ``encode(text)`` (``ids``) turned into ``<unk>``, in order."""
+        cps = _codepoints(text)[ids == self.unk_id]
+        return 1 + (cps >= 0x80) + (cps >= 0x800) + (cps >= 0x10000).astype(np.int64)
 
     def key(self) -> str:
         return "char"

@@ -147,8 +147,10 @@ class WordTokenizer:
 
     def token_bytes(self) -> np.ndarray:
         """A word counts its UTF-8 bytes plus one separator (the space that followed it), the end-of-line symbol the
-        newline, ``<unk>`` the literal ``<unk>`` and its separator (what WikiText writes for the words it replaced;
-        a word that this vocabulary lacks in other text counts the same 6 bytes, whatever its length).
+        newline, ``<unk>`` the literal ``<unk>`` and its separator (what WikiText writes for the words it replaced).
+        A word that this vocabulary lacks counts its own bytes and separator instead: the token cache keeps, for a
+        split that has ``<unk>``, the length of each position (:meth:`unknown_bytes`), and bits per byte counts
+        those.
 
         The sum over a split equals its bytes when each word is followed by exactly one space, the last of a line
         included (``"a b c \\n"``: 7 bytes); a line ending without that space (``"a b c\\n"``) counts one byte more,
@@ -158,6 +160,13 @@ class WordTokenizer:
         table = [len(w.encode("utf-8")) + 1 for w in self.itos]
         table[self.eos_id] = 1
         return np.array(table, dtype=np.int64)
+
+    def unknown_bytes(self, text: str, ids: np.ndarray) -> np.ndarray:
+        """The UTF-8 length, plus one separator, of each word that ``encode(text)`` (``ids``) turned into ``<unk>``,
+        in order (the word as looked up: lower-cased where the vocabulary is)."""
+        words = self.words(text)
+        return np.array([len(words[i].encode("utf-8")) + 1 for i in np.flatnonzero(ids == self.unk_id)],
+                        dtype=np.int64)
 
     def key(self) -> str:
         if self.vocabulary is not None:
