@@ -24,7 +24,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from xl.footprint import cache_footprint
+from xl.footprint import memory_bytes
 from xl.lit import batch_tokens
 
 log = logging.getLogger(__name__)
@@ -129,8 +129,8 @@ class JobSummary(L.Callback):
             write_json(self.path, {**self.describe(trainer, pl_module), **self.metrics})
 
     def describe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        """The run's context and cost; ``cache_mb`` is one rank's training memory, compressed slots included (as
-        ``python -m xl.footprint`` counts it)."""
+        """The run's context and cost; ``cache_mb`` is one rank's training memory, compressed slots and memory tokens
+        included (:func:`xl.footprint.memory_bytes`)."""
         cfg = pl_module.config
         datamodule = trainer.datamodule
         dtype = next(pl_module.parameters()).dtype
@@ -146,8 +146,7 @@ class JobSummary(L.Callback):
             "batch_size": datamodule.batch_size,
             "unit": pl_module.quality_name,
             "params": sum(p.numel() for p in pl_module.parameters()),
-            "cache_mb": cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, datamodule.batch_size, dtype,
-                                        cfg.cmem_len).mib,
+            "cache_mb": memory_bytes(cfg, cfg.mem_len, datamodule.batch_size, dtype, datamodule.tgt_len) / 2**20,
             "steps": trainer.global_step,
             "train_tokens": self.train_tokens,
             "train_tok_s": self.train_tokens / self.train_seconds if self.train_seconds else None,

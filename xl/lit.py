@@ -33,13 +33,13 @@ from torch import Tensor
 
 from xl.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
 from xl.documents import Documents, split_batch, target_bytes
-from xl.footprint import cache_footprint
-from xl.memory import MemoryStore, packed_size
+from xl.footprint import memory_bytes
+from xl.memory import MemoryStore, memory_for, packed_size
 from xl.metrics import UNITS, LMMetrics, quality, quality_name
 from xl.model import TransformerXL, XLConfig, XLOutput
 from xl.nonfinite import NonFiniteError, agree_across_ranks, step_fault  # noqa: F401 (re-exported)
 from xl.optim import OptimConfig, adamw, clip, warmup_cosine_schedule
-from xl.rules import DOC_BOUNDARIES, check_compressive, check_context, check_grad_segments, check_tokens
+from xl.rules import DOC_BOUNDARIES, check_context, check_grad_segments
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +95,8 @@ class XLLitModule(L.LightningModule):
         if doc_boundaries not in DOC_BOUNDARIES:
             raise ValueError(f"memory.doc_boundaries must be reset or ignore, got {doc_boundaries!r}")
         self.doc_boundaries = doc_boundaries
-        if self.config.cmem_len:  # refused here, before a run, not by the first forward
-            check_compressive(self.config.cmem_len, self.config.cmem_rate, self.config.cmem_fn,
-                              self.eval_context["same_length"])
-        if self.config.num_tokens:  # likewise: an evaluation's same_length
-            check_tokens(self.config.num_tokens, self.config.tokens_seg_len, self.config.cmem_len,
-                         self.eval_context["same_length"])
+        # An evaluation context the memory cannot serve is refused here, before a run, not by the first forward.
+        memory_for(self.config).check_context(self.eval_context["same_length"])
         if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context["mem_len"]):
             log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
                      "segment are hidden")
@@ -386,9 +382,8 @@ class XLLitModule(L.LightningModule):
         dtype = self.model.config.memory_dtype(self.model.dtype)
         info: dict[str, Any] = {"model/params": sum(p.numel() for p in self.model.parameters())}
         if batch:
-            cfg = self.config
-            info["memory/cache_mb"] = cache_footprint(cfg.mem_len, cfg.d_model, cfg.n_layer, batch, dtype,
-                                                      cfg.cmem_len).mib
+            seg_len = getattr(dm, "tgt_len", None)
+            info["memory/cache_mb"] = memory_bytes(self.config, self.config.mem_len, batch, dtype, seg_len) / 2**20
         self.logger.log_hyperparams(info)
 
     def configure_optimizers(self) -> dict[str, Any]:
