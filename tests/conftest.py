@@ -77,3 +77,14 @@ def run_hydra_main(main, argv: list[str], monkeypatch) -> None:
         HydraConfig.instance().cfg = None
         GlobalHydra.instance().clear()
         root.handlers[:], root.level = handlers, level
+
+
+@pytest.fixture(autouse=True)
+def no_wandb_run_left_open(request):
+    """W&B keeps one current run per process, and a later WandbLogger would log into it: a test that leaves one open
+    would make the next test's result depend on the order. Each test closes what it opened; this checks it."""
+    yield
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        wandb.finish()
+        pytest.fail(f"{request.node.nodeid} left a W&B run open; finish it (or use logger=none)", pytrace=False)

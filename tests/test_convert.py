@@ -141,7 +141,7 @@ def eval_config(run: Path, tmp_path: Path, *extra: str):
     overrides = [f"ckpt={run}", "data=text", f"data.train={text}", f"data.val={text}", f"data.test={text}",
                  "data.tokenizer=word", f"data.tokenizer_file={run / 'vocab.json'}", f"data.cache_dir={tmp_path}",
                  f"data.batch_size={META['batch']}", f"data.tgt_len={META['tgt_len']}", "splits=[test]",
-                 f"paths.output_dir={tmp_path / 'eval'}", "+trainer.enable_progress_bar=false",
+                 f"paths.output_dir={tmp_path / 'eval'}", "logger=none", "+trainer.enable_progress_bar=false",
                  "+trainer.enable_model_summary=false", *extra]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("evaluate", overrides=overrides)
