@@ -15,7 +15,7 @@ counts, and summed across ranks, so the epoch figures are exact whatever the bat
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -36,33 +36,40 @@ def quality(unit: str, nll: Tensor) -> Tensor:
     return nll.exp() if QUALITY[unit] == "ppl" else nll / math.log(2)
 
 
+def sum_float64_bits(gathered: Tensor) -> Tensor:
+    """Across ranks: the sum of float64 values kept as their int64 bit patterns (see :class:`ScoredText`)."""
+    return gathered.view(torch.float64).sum(0).view(torch.int64)
+
+
 class ScoredText(Metric):
-    """Summed NLL (float64 nats), scored tokens and their UTF-8 bytes (int64), summed across ranks."""
+    """Summed NLL (float64 nats), scored tokens and their UTF-8 bytes (int64), summed across ranks.
+
+    The nats are kept as the bit pattern of a float64 in an int64 state: moving a module to another floating dtype
+    (``module.to(torch.bfloat16)``, as bf16-true does) converts every floating state and would round the sum, but
+    leaves integer ones alone. :attr:`nats` reads the float64 back."""
 
     full_state_update = False
     higher_is_better = False
 
     def __init__(self) -> None:
         super().__init__()
-        self.add_state("nats", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        zero = torch.zeros((), dtype=torch.float64).view(torch.int64)
+        self.add_state("nats_bits", zero, dist_reduce_fx=sum_float64_bits)
         self.add_state("tokens", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
         self.add_state("bytes", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
 
+    @property
+    def nats(self) -> Tensor:
+        return self.nats_bits.view(torch.float64)
+
     def update(self, nats: Tensor, tokens: Tensor | int, n_bytes: Tensor | int) -> None:
-        self.nats += nats
+        self.nats_bits = (self.nats + nats).view(torch.int64)
         self.tokens += tokens
         self.bytes += n_bytes
 
     def compute(self) -> tuple[Tensor, Tensor]:
         """(mean NLL per token, bits per byte)."""
         return self.nats / self.tokens, self.nats / math.log(2) / self.bytes  # int64 x float would round to float32
-
-    def _apply(self, fn: Callable[[Tensor], Tensor], exclude_state: Sequence[str] = ()) -> nn.Module:
-        """Move with the module but keep float64: ``module.to(torch.bfloat16)`` (bf16-true) would round the sum."""
-        this = super()._apply(fn, exclude_state=(*exclude_state, "nats"))
-        this.nats = this.nats.to(this.device)
-        this._defaults["nats"] = this._defaults["nats"].to(this.device)
-        return this
 
 
 class LMMetrics(nn.Module):
