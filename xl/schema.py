@@ -267,8 +267,6 @@ class WandbSchema:
     offline: bool = setting(True, help="true: no account or network needed; wandb sync uploads later")
     name: str | None = setting(None, help="null: run_name, else the overrides")
     group: str | None = setting(None, help="null: the sweep folder under -m")
-    id: str | None = setting(None, help="null: the run folder's own (its file wandb_id), so that a resume continues "
-                                         "the W&B run")
     id: str | None = setting(None, help="null: the run folder's own (its file wandb_id): a resume continues that run")
     tags: list[str] = setting("${tags}", help="the run's tags")
     log_model: bool | str = setting(False, help="upload checkpoints")
