@@ -190,20 +190,12 @@ def eval_context(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
 def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any) -> Evaluator:
     model = checkpoint.model_config
     checkpoint.check_tokenizer(datamodule.vocab_size, datamodule.tokenizer_fingerprint)
-    if cfg.warmup < 0:
-        raise ConfigError(f"warmup must be >= 0 segments, got {cfg.warmup}")
     context = eval_context(cfg, checkpoint)
     attn_len = None
     if cfg.vanilla:
         attn_len = cfg.attn_len or default_attn_len(context["mem_len"], datamodule.eval_tgt_len, context["same_length"])
-        if attn_len < 1:
-            raise ConfigError(f"attn_len must be >= 1 for vanilla=true, got {attn_len}")
+    check_evaluate_config(cfg, model, attn_len)
     per_document = bool(cfg.get("per_document", False))
-    if per_document and cfg.vanilla:
-        raise ConfigError("per_document=true reports the cached evaluation; set vanilla=false")
-    if cfg.vanilla and model.get("num_tokens"):
-        raise ConfigError("vanilla=true reads each window afresh, but this model's memory tokens are written segment "
-                          "by segment (memory.num_tokens > 0); set vanilla=false")
     try:
         module = Evaluator(model, context, datamodule.unit, cfg.warmup, attn_len, eval_doc_boundaries(cfg, checkpoint),
                            per_document)
@@ -240,9 +232,6 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     check_evaluate_config(cfg)
     check_device(cfg)
     L.seed_everything(cfg.seed, verbose=False)
-    for split in cfg.splits:
-        if split not in ("val", "test"):
-            raise ConfigError(f"splits may hold val and test, got {split!r}")
     from_run = use_run_data(cfg, cfg.ckpt)  # data=run: the run's data settings
     checkpoint = Checkpoint.open(cfg.ckpt, setting="ckpt")
     folder = find_run_folder(checkpoint.path)

@@ -38,9 +38,10 @@ import torch
 from torch import Tensor
 
 from xl.data import make_tokenizer
+from xl.headroom import NAMES, SETTINGS, WARN_FRACTION, verdict  # noqa: F401 (re-exported)
 from xl.memory import memory_for
 from xl.model import TransformerXL, XLConfig, count_parameters
-from xl.rules import NAMES, SETTINGS, WARN_FRACTION, model_values, processes_per_device, verdict  # noqa: F401
+from xl.rules import model_values, processes_per_device
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

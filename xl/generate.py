@@ -31,6 +31,7 @@ from xl.config import entry_point
 from xl.console import errors_logged, quiet_warnings
 from xl.data.sources import decode
 from xl.model import TransformerXL
+from xl.rules import check_generate_config
 from xl.runs import use_run_data
 
 
@@ -95,8 +96,6 @@ def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str,
 def warmup_text(cfg: DictConfig) -> str:
     """The warm-up: ``warmup`` is a file, read as the corpus sources read files (bytes kept exactly, \\r\\n included)
     so that its tokens are those the model was trained on; ``warmup_text`` is the text itself."""
-    if cfg.warmup and cfg.get("warmup_text"):
-        raise ConfigError("warmup (a file) and warmup_text (a text) both set; keep one")
     if not cfg.warmup:
         return cfg.get("warmup_text") or ""
     path = Path(str(cfg.warmup)).expanduser()
@@ -116,12 +115,8 @@ def main(cfg: DictConfig) -> None:
 def sample_text(cfg: DictConfig) -> None:
     """The command: read the run, decode, print the prompt and the new text."""
     quiet_warnings()
-    if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0 or cfg.max_new_tokens < 0:
-        raise ConfigError("temperature must be >= 0, top_p in (0, 1], top_k and max_new_tokens >= 0")
+    check_generate_config(cfg)
     text = warmup_text(cfg) + cfg.prompt
-    if not text:
-        raise ConfigError("give a prompt ('prompt=\"...\"'), a warm-up file (warmup=PATH) or a warm-up text "
-                          "('warmup_text=\"...\"')")
     use_run_data(cfg, cfg.ckpt)  # data=run: the run's tokenizer
     datamodule = build_datamodule(cfg)
     tokenizer = datamodule.tokenizer

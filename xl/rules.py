@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.bounds import bound_of, is_int, shown
 from xl.compressive import COMPRESSION_FNS
+from xl.headroom import NAMES, SETTINGS, GiB, verdict
 
 if TYPE_CHECKING:
     from xl.footprint import RunFootprint
@@ -308,12 +309,29 @@ def check_config(cfg: DictConfig, vocabulary: Callable[[], int]) -> None:
     check_compile(cfg.compile)
 
 
-def check_evaluate_config(cfg: DictConfig) -> None:
-    """``python -m xl.evaluate``'s settings, before the checkpoint is read: the schema's bounds, and the one rule
-    between them (the checkpoint's own rules, such as its memory tokens against vanilla=true, come once it is read)."""
+def check_evaluate_config(cfg: DictConfig, model: Mapping[str, Any] | None = None, attn_len: int | None = None
+                          ) -> None:
+    """``python -m xl.evaluate``'s settings: the schema's bounds and the rule between them before the checkpoint is
+    read; with its ``model`` config (and the vanilla window ``attn_len`` it gives), the rules that need it."""
     check_bounds(cfg)
     if cfg.per_document and cfg.vanilla:
         raise ConfigError("per_document=true reports the cached evaluation; set vanilla=false")
+    if model is not None and cfg.vanilla and model.get("num_tokens"):
+        raise ConfigError("vanilla=true reads each window afresh, but this model's memory tokens are written segment "
+                          "by segment (memory.num_tokens > 0); set vanilla=false")
+    if attn_len is not None and attn_len < 1:
+        raise ConfigError(f"attn_len must be >= 1 for vanilla=true, got {attn_len}")
+
+
+def check_generate_config(cfg: DictConfig) -> None:
+    """``python -m xl.generate``'s settings (whether the warm-up file exists is checked when it is read)."""
+    if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0 or cfg.max_new_tokens < 0 or cfg.seg_len < 1:
+        raise ConfigError("temperature must be >= 0, top_p in (0, 1], top_k and max_new_tokens >= 0, seg_len >= 1")
+    if cfg.warmup and cfg.get("warmup_text"):
+        raise ConfigError("warmup (a file) and warmup_text (a text) both set; keep one")
+    if not (cfg.prompt or cfg.warmup or cfg.get("warmup_text")):
+        raise ConfigError("give a prompt ('prompt=\"...\"'), a warm-up file (warmup=PATH) or a warm-up text "
+                          "('warmup_text=\"...\"')")
 
 
 # ---- the machine --------------------------------------------------------------------------------------------------
@@ -351,23 +369,6 @@ def check_device(cfg: DictConfig) -> bool:
             f"trainer.devices={devices} but only {torch.cuda.device_count()} GPU(s) are visible; lower trainer.devices"
         )
     return not on_cpu
-
-
-WARN_FRACTION = 0.8  # of the device's free memory: above it a run is warned about, above all of it refused
-GiB = 2**30
-# The settings that shrink each part of a run's footprint (xl.footprint.RunFootprint), and the parts' names.
-SETTINGS = {"train_memory": "memory.mem_len or data.batch_size",
-            "eval_memory": "memory.eval_mem_len or data.eval_batch_size",
-            "parameters": "the model (model.n_layer, model.d_model, model.d_inner)",
-            "activations": "data.tgt_len, data.batch_size or memory.mem_len"}
-NAMES = {"train_memory": "training memory", "eval_memory": "evaluation memory and its keys/values",
-         "parameters": "weights, gradients and AdamW state", "activations": "one training step's activations"}
-
-
-def verdict(footprint: RunFootprint, available: int, processes: int = 1) -> str:
-    """Whether the run fits: ``fits``, ``close`` (above WARN_FRACTION of the available memory) or ``too big``."""
-    need = footprint.total * processes
-    return "too big" if need > available else "close" if need > WARN_FRACTION * available else "fits"
 
 
 def check_fits(footprint: RunFootprint, processes: int, available: int, where: str, warn: bool = True) -> None:
