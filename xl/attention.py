@@ -91,7 +91,7 @@ class TrainingAttentionCPU(torch.autograd.Function):
         scores = torch.matmul(q_w, k.transpose(-1, -2)).add_(rel_shift(pos_scores))
         scores = torch.add(mask.to(scores.dtype), scores, alpha=scale, out=scores)
         probs = scores.softmax(-1)
-        ctx.save_for_backward(q_w, k, v, probs, drop)
+        ctx.save_for_backward(q_w, k, v, scores, drop)  # the backward recomputes probs from the scores
         ctx.scale, ctx.stride = scale, pos_scores.stride()
         return torch.matmul(probs if drop is None else probs * drop, v)
 
@@ -99,15 +99,18 @@ class TrainingAttentionCPU(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cpu")
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        q_w, k, v, probs, drop = ctx.saved_tensors
+        q_w, k, v, scores, drop = ctx.saved_tensors
+        # The softmax again, from the scores kept instead of its output (the same size), so that its gradient is
+        # torch's own softmax backward, reached through autograd (before the scale).
+        with torch.enable_grad():
+            scores = scores.detach().requires_grad_()
+            probs = scores.softmax(-1)
         grad_weights = torch.matmul(grad, v.transpose(-1, -2))
-        weights = probs if drop is None else probs * drop
+        weights = probs.detach() if drop is None else probs.detach() * drop
         if drop is not None:
             grad_weights.mul_(drop)
         grad_v = torch.matmul(weights.transpose(-1, -2), grad)
-        # The softmax's backward, in place (before the scale): p ⊙ g - p · Σ(p ⊙ g), with g the weights' gradient.
-        grad_scores = grad_weights.mul_(probs)
-        grad_scores.addcmul_(probs, grad_scores.sum(-1, keepdim=True), value=-1)
+        (grad_scores,) = torch.autograd.grad(probs, scores, grad_weights)
         grad_q = torch.matmul(grad_scores, k).mul_(ctx.scale)
         grad_k = torch.matmul(grad_scores.transpose(-1, -2), q_w).mul_(ctx.scale)
         grad_pos = shifted_grad(grad_scores, ctx.scale, ctx.stride)

@@ -199,10 +199,12 @@ class TransformerXL(nn.Module):
             raise ValueError(f"documents.pos must be [B, L] = {list(input_ids.shape)} like the inputs, "
                              f"got {tuple(documents.pos.shape)}")
 
-        h = memory.segment_inputs(state, self.drop(self.embed(input_ids) * self.emb_scale), documents)
-        pos_emb, mask = self._context(h.size(1), M, clamp_len, mem_len if same_length else None)
+        positions = memory.segment_positions(input_ids.size(1))
+        pos_emb, mask = self._context(positions, M, clamp_len, mem_len if same_length else None)
         mask = memory.mask(mask, documents, context)
+        # The position embeddings' dropout mask is drawn before the inputs', so that a seed trains as it always has.
         pos_emb = self.drop(pos_emb)
+        h = memory.segment_inputs(state, self.drop(self.embed(input_ids) * self.emb_scale), documents)
         mem_dtype = cfg.memory_dtype(h.dtype)
         # A memory stored rounded (mem_dtype) must be seen by the next segment through keys/values of the rounded
         # states, as it would be without the cache: those are projected from the new memory, not sliced from here.
