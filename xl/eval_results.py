@@ -18,7 +18,7 @@ from xl.build import build, run_identity
 from xl.callbacks import write_json
 from xl.console import quiet_wandb
 from xl.documents import bucket_names
-from xl.footprint import cache_footprint
+from xl.footprint import memory_bytes
 from xl.runs import recorded_wandb_id, run_setting
 from xl.sweep import RESULTS_FILE
 
@@ -69,8 +69,8 @@ def record(module: Any, datamodule: Any, results: dict[str, dict[str, float]], c
         "doc_boundaries": module.doc_boundaries, "warmup": module.warmup, "vanilla": module.attn_len is not None,
         "attn_len": module.attn_len, "tgt_len": datamodule.eval_tgt_len, "batch_size": datamodule.eval_batch_size,
         "unit": module.quality_name, "params": sum(p.numel() for p in module.model.parameters()),
-        "cache_mb": cache_footprint(c["mem_len"], cfg.d_model, cfg.n_layer, datamodule.eval_batch_size, dtype,
-                                    cfg.cmem_len).mib,
+        "num_tokens": cfg.num_tokens,
+        "cache_mb": memory_bytes(cfg, c["mem_len"], datamodule.eval_batch_size, dtype, datamodule.eval_tgt_len) / 2**20,
     }
     for metrics in results.values():
         values.update({k: float(v) for k, v in metrics.items()})
