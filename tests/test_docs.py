@@ -110,6 +110,8 @@ SCALE = {
                            "--doc-len", "8"],
     "xl.bench.compressive": ["--mem-len", "16", "--batch", "2", "--tgt-len", "16", "--steps", "1", "--decode", "2",
                              "--rounds", "1", "--threads", "1"],
+    "xl.bench.tokens": ["--mem-len", "16", "--num-tokens", "2", "--batch", "2", "--tgt-len", "16", "--steps", "1",
+                        "--rounds", "1", "--threads", "1"],
 }
 SCALE_FRONT = {  # put before the command's own arguments: its parser takes Hydra overrides only before its options
     "xl.probe": ["data.source.episodes=60", "data.source.eval_episodes=20"],
