@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from xl.bench.runner import SegmentRunner, token_stream
-from xl.bench.shared import CONFIG_S, median_rate, report_ratios
+from xl.bench.shared import CONFIG_S, interleaved_rates, report_ratios
 from xl.documents import Documents
 from xl.model import TransformerXL, XLConfig, XLOutput
 
@@ -56,12 +56,13 @@ def rates(cfg: XLConfig, batch: int, tgt_len: int, steps: int, doc_len: int, rou
     runners = {f"{mode}/{c}": DocumentRunner(model, stream, tgt_len, train=mode == "train", condition=c,
                                              doc_len=doc_len)
                for mode in ("train", "eval") for c in CONDITIONS}
-    out: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, runner in runners.items():
-            runner.model.train(name.startswith("train"))
-            out[name].append(median_rate(lambda r=runner: r.run(steps), steps * batch * tgt_len, 1, 3))
-    return out
+
+    def run(name: str, runner: DocumentRunner) -> None:
+        runner.model.train(name.startswith("train"))  # the runners share one model
+        runner.run(steps)
+
+    return interleaved_rates({name: (lambda n=name, r=runner: run(n, r), steps * batch * tgt_len)
+                              for name, runner in runners.items()}, rounds)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

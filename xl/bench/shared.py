@@ -50,3 +50,11 @@ def median_rate(run: Callable[[], object], work: float, warmup: int, repeats: in
     return statistics.median(rates)
 
 
+def interleaved_rates(runs: dict[str, tuple[Callable[[], object], float]], rounds: int) -> dict[str, list[float]]:
+    """Per named ``(run, work)``, the rate of each round (:func:`median_rate`: one warm-up, median of 3 timed
+    calls), the runs taking turns round by round so that a shared CPU slows them alike."""
+    out: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, (run, work) in runs.items():
+            out[name].append(median_rate(run, work, 1, 3))
+    return out

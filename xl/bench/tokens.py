@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from xl.bench.runner import SegmentRunner, token_stream
-from xl.bench.shared import CONFIG_S, cpu_model, median_rate, report_ratios
+from xl.bench.shared import CONFIG_S, cpu_model, interleaved_rates, report_ratios
 from xl.model import TransformerXL, XLConfig
 
 MODES = ("train", "eval")
@@ -45,11 +45,7 @@ def rates(mem_len: int, num_tokens: int, batch: int, tgt_len: int, steps: int, r
             # One model per mode, left in its mode: training changes the weights.
             runner = SegmentRunner(TransformerXL(cfg), stream, tgt_len, train=mode == "train")
             runs[f"{mode}/{name}"] = (lambda r=runner: r.run(steps)), batch * tgt_len * steps
-    out: dict[str, list[float]] = {key: [] for key in runs}
-    for _ in range(rounds):
-        for key, (run, work) in runs.items():
-            out[key].append(median_rate(run, work, 1, 3))
-    return out
+    return interleaved_rates(runs, rounds)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
