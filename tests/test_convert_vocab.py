@@ -169,15 +169,16 @@ def memo_trick(first: tuple[str, str], second: tuple[str, str]) -> bytes:
 
 
 def test_memo_entries_are_numbered_as_pickle_numbers_them(tmp_path):
-    """The name a pickle calls is the one its own memo gives, whatever a walk with other numbering would see:
-    refused when that is os.system, read when it is OrderedDict."""
+    """The name a pickle calls is the one its own memo gives, whatever a walk with other numbering would see: read
+    when that is OrderedDict (a walk numbering otherwise sees os.system), refused when it is os.system (the walk
+    sees OrderedDict)."""
+    harmless = memo_trick(("os", "system"), ("collections", "OrderedDict"))
+    value = read_pickle(written(tmp_path, harmless))
+    assert value == pickle.loads(harmless) and value[-1] == OrderedDict()
     hostile = memo_trick(("collections", "OrderedDict"), ("os", "system"))
     assert len(hostile) < 100 and names_pickle_asks_for(hostile) == ["os.system"]
     with pytest.raises(VocabularyError, match=r"holds the name os\.system"):
         read_pickle(written(tmp_path, hostile))
-    harmless = memo_trick(("os", "system"), ("collections", "OrderedDict"))
-    value = read_pickle(written(tmp_path, harmless))
-    assert value == pickle.loads(harmless) and value[-1] == OrderedDict()
 
 
 @pytest.mark.parametrize("data, what", [
