@@ -211,6 +211,27 @@ def test_a_pickle_allocates_no_more_than_its_size(tmp_path):
     assert isinstance(value, VocabularyError) and "not a readable pickle" in str(value) and peak < 2**20
 
 
+@pytest.mark.parametrize("pattern", ["dict of three-letter keys", "None", "memo entries"])
+def test_the_costliest_pickles_take_about_twenty_bytes_of_memory_per_byte(tmp_path, monkeypatch, pattern):
+    """What the reader builds is bounded by the file: a value per instruction, keys of one dict, memo entries up to
+    MAX_MEMO (here 10,000, to refuse the 10,001st)."""
+    monkeypatch.setattr("xl.convert.plain_pickle.MAX_MEMO", 10_000)
+    n = 2**18 // 6
+    if pattern == "dict of three-letter keys":
+        keys = (bytes([33 + i % 90, 33 + i // 90 % 90, 33 + i // 8100 % 90]) for i in range(n))
+        body = b"".join(pickle.SHORT_BINUNICODE + b"\x03" + k + pickle.NONE for k in keys) + pickle.DICT
+    elif pattern == "None":
+        body = pickle.NONE * (6 * n) + pickle.LIST
+    else:
+        body = (pickle.NONE + pickle.MEMOIZE) * 10_001 + pickle.LIST
+    data = pickle.PROTO + b"\x02" + pickle.MARK + body + pickle.STOP
+    value, peak = peak_bytes(read_pickle, written(tmp_path, data))
+    if pattern == "memo entries":
+        assert isinstance(value, VocabularyError) and "more than 10000 memo entries" in str(value)
+    else:
+        assert len(value) in (n, 6 * n) and peak < 24 * len(data)
+
+
 def nested(depth: int) -> bytes:
     """A list inside a list ... ``depth`` deep."""
     return pickle.PROTO + b"\x02" + pickle.EMPTY_LIST * depth + pickle.APPEND * (depth - 1) + pickle.STOP

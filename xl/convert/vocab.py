@@ -41,7 +41,8 @@ def pickled_bytes(path: Path, at: str) -> bytes:
     size = path.stat().st_size
     if size > MAX_BYTES:
         raise too_large(at, size)
-    data = path.read_bytes()
+    with open(path, "rb") as f:
+        data = f.read(size)  # no more than was checked, should it grow meanwhile
     if not zipfile.is_zipfile(io.BytesIO(data)):
         return data
     try:
