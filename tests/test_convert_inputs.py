@@ -110,7 +110,7 @@ def test_a_config_silent_on_the_context_reads_transformers_defaults(tmp_path):
 
 def test_config_aliases_and_a_config_that_is_not_an_object(tmp_path):
     """n_token is TransfoXLConfig's alias of vocab_size (and wins over it, as there)."""
-    folder = source(tmp_path, drop=("vocab_size",), n_token=100)
+    folder = source(tmp_path, vocab_size=120, n_token=100)
     convert(folder, tmp_path / "out")
     assert Checkpoint.open(tmp_path / "out").model_config["vocab_size"] == 100
     (folder / "config.json").write_text("[1, 2]")

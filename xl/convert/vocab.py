@@ -21,7 +21,7 @@ from xl.convert.plain_pickle import PickleError, load
 from xl.data.words import vocabulary_json
 
 LEGACY_TORCH_MAGIC = 0x1950A86A20F9469CFC6C  # the first pickle of a file torch.save wrote in its legacy format
-# The published WikiText-103 vocabulary (267,735 words with their counts) takes about 10 MiB.
+# A vocabulary of the published WikiText-103 one's size (267,735 words with their counts) takes about 10 MiB.
 MAX_BYTES = 64 * 2**20
 # Modules whose objects transformers' TransfoXLTokenizer.save_pretrained pickles along with the vocabulary.
 TOKENIZER_OBJECT_MODULES = ("re.", "sacremoses.", "transformers.", "tokenizers.")
@@ -32,8 +32,8 @@ class VocabularyError(ValueError):
 
 
 def too_large(at: str, size: int) -> VocabularyError:
-    return VocabularyError(f"{at} holds {size:,} bytes, more than the {MAX_BYTES:,} a word vocabulary needs (the "
-                           "published WikiText-103 one has about 10 MiB); it is refused unread")
+    return VocabularyError(f"{at} holds {size:,} bytes, more than the {MAX_BYTES:,} a word vocabulary needs (one of "
+                           "WikiText-103's 267,735 words takes about 10 MiB); it is refused unread")
 
 
 def pickled_bytes(path: Path, at: str) -> bytes:

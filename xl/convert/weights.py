@@ -70,8 +70,8 @@ def transformers_config(given: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """A ``.safetensors`` file's tensors, read (memory-mapped) by the ``safetensors`` library, which refuses a header
-    whose offsets do not cover the file exactly, overlap, or disagree with the shapes and dtypes."""
+    """A ``.safetensors`` file's tensors, read by the ``safetensors`` library, which refuses a header whose offsets
+    do not cover the file exactly, overlap, or disagree with the shapes and dtypes."""
     try:
         with safe_open(path, framework="pt") as f:
             return {name: f.get_tensor(name) for name in f.keys()}
