@@ -192,6 +192,7 @@ def test_memo_entries_are_numbered_as_pickle_numbers_them(tmp_path):
     (b"\x80\x02\x82\x01.", "the pickle instruction EXT1"),  # copyreg's extension registry
     (b"\x80\x02(X\x02\x00\x00\x00lsios\nsystem\n.", "the pickle instruction INST"),  # a name and its call in one
     (b"\x80\x02C\x03abc.", "the pickle instruction SHORT_BINBYTES"),
+    (b"\x80\x04K\x01K\x02\x93.", "a name made of values other than strings"),  # STACK_GLOBAL of two numbers
 ])
 def test_instructions_that_build_anything_else_are_refused(tmp_path, data, what):
     with pytest.raises(VocabularyError, match=f"holds {what}"):

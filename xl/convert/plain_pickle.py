@@ -146,7 +146,9 @@ def load(stream: io.BytesIO, at: str) -> Any:
             elif name in ("GLOBAL", "STACK_GLOBAL"):
                 if name == "STACK_GLOBAL":
                     module, attr = pop(pos, 2)
-                    arg = f"{module} {attr}" if type(module) is str and type(attr) is str else "a computed name"
+                    if type(module) is not str or type(attr) is not str:
+                        raise refuse("a name made of values other than strings", pos)
+                    arg = f"{module} {attr}"
                 if arg not in CLASSES:
                     raise refuse(f"the name {arg.replace(' ', '.')}", pos, arg.replace(" ", "."))
                 stack.append(CLASSES[arg])
