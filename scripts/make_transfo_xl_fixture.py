@@ -4,17 +4,19 @@ The reference is ``TransfoXLLMHeadModel`` of transformers 4.x (5.x deleted it). 
 huggingface-hub<1.0, which the project's datasets cannot share an environment with, so run this in a venv of its own:
 
     python -m venv /tmp/hfref
-    /tmp/hfref/bin/pip install torch==2.13.0 transformers==4.57.6 safetensors
+    /tmp/hfref/bin/pip install torch==2.13.0 transformers==4.57.6 safetensors sacremoses
     /tmp/hfref/bin/python scripts/make_transfo_xl_fixture.py tests/fixtures/transfo_xl
 
 It builds a small randomly initialised model with the WikiText-103 model's architecture (three cutoffs, div_val 4,
 projections shared for every cluster but the first, per-layer biases, same_length, clamp_len), saves it with
 ``save_pretrained`` (config.json, model.safetensors), writes a vocabulary in the original format (vocab.pkl: the
-original ``Vocab`` object's attributes, written by ``torch.save`` in its legacy format like the published file) and
-a text, and records in float64 (reference.safetensors, reference.json):
+original ``Vocab`` object's attributes, written by ``torch.save`` in its legacy format like the published file), the
+same vocabulary as ``TransfoXLTokenizer.save_pretrained`` pickles it (save_pretrained_vocab.pkl: the whole tokenizer
+object, which the converter refuses) and a text, and records in float64 (reference.safetensors, reference.json):
 
-- ``ids``: the text's ids by the original rule (each line stripped and split on whitespace, ``<eos>`` after every
-  line, an unknown word ``<unk>``'s id), cut into ``batch`` equal rows as the evaluation streams are;
+- ``ids``: the text's ids by the original rule (the file read line by line in text mode, each line stripped and
+  split on whitespace, ``<eos>`` after every line, an unknown word ``<unk>``'s id), cut into ``batch`` equal rows
+  as the evaluation streams are;
 - ``logprobs`` [batch, T, vocab] and ``nll`` [batch, T]: every position of the rows read in segments of ``tgt_len``
   with a memory of ``mem_len``, starting from an empty memory (the original PyTorch evaluation's start);
 - ``greedy``: the greedy continuation of the first ``prompt_len`` tokens of each row, the prompt read in segments of
@@ -25,9 +27,12 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import random
 import re
+import shutil
 import sys
+import tempfile
 import textwrap
 import warnings
 from collections import Counter, OrderedDict
@@ -36,7 +41,7 @@ from pathlib import Path
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import TransfoXLConfig, TransfoXLLMHeadModel
+from transformers import TransfoXLConfig, TransfoXLLMHeadModel, TransfoXLTokenizer
 from transformers.models.deprecated.transfo_xl import modeling_transfo_xl as modeling
 
 SEED = 1
@@ -72,15 +77,15 @@ def text(rng: random.Random, words: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def encode(text: str, vocab: dict) -> list[int]:
-    """The original rule, line by line (Vocab.tokenize with add_eos, then get_idx)."""
+def encode(path: Path, vocab: dict) -> list[int]:
+    """The original rule, line by line as it reads the file (text mode: a line ends at \\n, \\r\\n or \\r;
+    Vocab.tokenize with add_eos, then get_idx)."""
     ids = []
-    for line in text.splitlines(keepends=True):
-        line = line.strip()
-        if vocab["lower_case"]:
-            line = line.lower()
-        for sym in line.split(vocab["delimiter"]) + ["<eos>"]:
-            ids.append(vocab["sym2idx"].get(sym, vocab["sym2idx"]["<unk>"]))
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip().lower() if vocab["lower_case"] else line.strip()
+            for sym in line.split(vocab["delimiter"]) + ["<eos>"]:
+                ids.append(vocab["sym2idx"].get(sym, vocab["sym2idx"]["<unk>"]))
     return ids
 
 
@@ -115,14 +120,25 @@ def patched(cls: type, method: str, edits: dict[str, str]) -> None:
 
 
 def float64_reference() -> None:
-    """Two edits that let transformers 4.57.6 run in float64, its computation otherwise unchanged: the position
-    sequence is cast with ``.to(dtype)`` (its ``type_as(dtype=...)`` is rejected by torch 2.13), and the attention
-    mask is filled in the scores' own dtype (the library rounds the scores to float32 there, and float64's lowest
-    value does not fit float32)."""
+    """The first two of three edits that let transformers 4.57.6 run in float64, its computation otherwise
+    unchanged: the position sequence is cast with ``.to(dtype)`` (its ``type_as(dtype=...)`` is rejected by torch
+    2.13), and the attention mask is filled in the scores' own dtype (the library rounds the scores to float32
+    there, and float64's lowest value does not fit float32). The third is :func:`float64_model`'s."""
     patched(modeling.TransfoXLModel, "forward", {r"\.type_as\(\s*dtype=word_emb\.dtype\s*\)":
                                                  ".to(word_emb.dtype)"})
     patched(modeling.RelPartialLearnableMultiHeadAttn, "forward",
             {r"attn_score\.float\(\)\.masked_fill": "attn_score.masked_fill"})
+
+
+def float64_model(model: TransfoXLLMHeadModel) -> TransfoXLLMHeadModel:
+    """The model in float64 for evaluation, with the third edit: its sinusoid frequencies (a buffer the library
+    computes in float32 when it builds the model, which ``.double()`` only widens) computed by the same formula in
+    float64, as this project's model computes them. Without it the fixture's log-probabilities move by 3e-9, 30
+    times the tests' tolerance."""
+    model = model.double().eval()
+    pos = model.transformer.pos_emb
+    pos.inv_freq = 1 / (10000 ** (torch.arange(0.0, pos.demb, 2.0, dtype=torch.float64) / pos.demb))
+    return model
 
 
 def empty_mems(model: TransfoXLLMHeadModel, batch: int) -> list[torch.Tensor]:
@@ -142,14 +158,16 @@ def main(out: Path) -> None:
     model.save_pretrained(out)  # config.json, model.safetensors (float32; tied tensors stored once)
     vocab = vocabulary()
     torch.save(vocab, out / "vocab.pkl", _use_new_zipfile_serialization=False)  # the published file's format
+    os.environ["TRUST_REMOTE_CODE"] = "True"  # the tokenizer unpickles the vocabulary just written
+    tokenizer = TransfoXLTokenizer(pretrained_vocab_file=str(out / "vocab.pkl"))
+    with tempfile.TemporaryDirectory() as folder:  # the whole tokenizer, pickled by transformers itself
+        tokenizer.save_pretrained(folder)
+        shutil.copy(Path(folder) / "vocab.pkl", out / "save_pretrained_vocab.pkl")
     corpus = text(random.Random(SEED), vocab["idx2sym"][1:])
     (out / "text.txt").write_text(corpus, encoding="utf-8")
 
-    model = model.double()
-    # The positional buffer was computed in float32; the original formula in float64, as the float64 model uses.
-    pos = model.transformer.pos_emb
-    pos.inv_freq = 1 / (10000 ** (torch.arange(0.0, pos.demb, 2.0, dtype=torch.float64) / pos.demb))
-    ids = torch.tensor(encode(corpus, vocab))
+    model = float64_model(model)
+    ids = torch.tensor(encode(out / "text.txt", vocab))
     row_len = len(ids) // BATCH
     rows = ids[: BATCH * row_len].view(BATCH, row_len)
     logprobs, nll, mems = [], [], empty_mems(model, BATCH)

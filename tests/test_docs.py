@@ -75,7 +75,7 @@ SKIP = {
     "python -m xl.convert transfo-xl/transfo-xl-wt103 wt103": "downloads the published model from the Hugging Face hub",
     "python -m xl.evaluate +experiment=wt103_published ckpt=wt103": "needs the downloaded model and WikiText-103",
     "python -m venv /tmp/hfref": "creates the reference's virtual environment (an install step)",
-    "/tmp/hfref/bin/pip install torch==2.13.0 transformers==4.57.6 safetensors":
+    "/tmp/hfref/bin/pip install torch==2.13.0 transformers==4.57.6 safetensors sacremoses":
         "installs transformers 4.57.6 from the network into the reference's environment",
     "/tmp/hfref/bin/python scripts/make_transfo_xl_fixture.py tests/fixtures/transfo_xl":
         "needs the reference's environment (transformers 4.57.6); rewrites the committed fixture",

@@ -14,10 +14,12 @@ import torch
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from xl.build import build_run
 from xl.checkpoint import Checkpoint, CheckpointError
+from xl.data.words import WordTokenizer
 from xl.generate import generate, main, sample
 from xl.model import TransformerXL, XLConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "transfo_xl"
 
 
 def model(pre_lnorm: bool = False, clamp_len: int = -1, cutoffs: tuple[int, ...] = ()) -> TransformerXL:
@@ -155,3 +157,38 @@ def test_generate_command_on_a_compressive_checkpoint(tmp_path, corpus, monkeypa
     assert "decoding with mem_len=16 (the checkpoint's mem_len)" in err
     assert (9 + 60 - 16) // 4 == 13 and decoders[0].slots == 8  # 13 groups left the window; the newest 8 are kept
     assert out == expected_text(ckpt, 16) + "\n"
+
+
+def test_a_word_prompt_is_continued_on_its_line_and_log_lines_go_to_stderr(tmp_path, monkeypatch, capsys):
+    """With a word vocabulary (a converted model) the prompt's last line stays open: the model reads the prompt's
+    words without an end-of-line symbol after them, and the text goes on after a space. Warning lines (the text
+    files' words that the vocabulary lacks) go to stderr; stdout is the text alone."""
+    from xl.convert import convert
+
+    run = tmp_path / "wt"
+    convert(FIXTURE, run)
+    prompts, generate_ids = [], generate
+
+    def recording(model, prompt, *args, **kwargs):
+        prompts.append(prompt[0].tolist())
+        return generate_ids(model, prompt, *args, **kwargs)
+
+    monkeypatch.setattr("xl.generate.generate", recording)
+    text = FIXTURE / "text.txt"
+    capsys.readouterr()
+    run_hydra_main(main, ["xl.generate", f"ckpt={run}", "prompt='The Zürich of'", "max_new_tokens=12",
+                          "temperature=0", "data=text", f"data.train={text}", f"data.val={text}", f"data.test={text}",
+                          "data.tokenizer=word", f"data.tokenizer_file={run / 'vocab.json'}",
+                          f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'gen'}"], monkeypatch)
+    out, err = capsys.readouterr()
+    tokenizer = WordTokenizer(file=run / "vocab.json")
+    assert prompts == [[tokenizer.itos.index(w) for w in ("The", "Zürich", "of")]]  # no <eos> after them
+    model = Checkpoint.open(run).load_model()
+    new = generate(model, torch.tensor(prompts), 12, temperature=0)[0].tolist()
+    expected, words_on_line = "The Zürich of", 3
+    for i in new:  # the words after the prompt's on its line, a newline for each <eos>
+        word = tokenizer.itos[i]
+        expected += "\n" if i == tokenizer.eos_id else (" " if words_on_line else "") + word
+        words_on_line = 0 if i == tokenizer.eos_id else words_on_line + 1
+    assert out == expected + "\n"
+    assert "WARNING" not in out and "read as <unk>" in err and "decoding with mem_len=7" in err

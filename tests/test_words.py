@@ -42,13 +42,15 @@ def vocabulary_file(tmp_path, words, **kw) -> str:
     return str(path)
 
 
-def original_ids(text: str, sym2idx: dict, lower_case: bool, unk: str = "<unk>") -> list[int]:
-    """The original Transformer-XL rule, written out: each line stripped, lower-cased if asked, split on whitespace,
-    closed by <eos>; an unknown word is <unk>'s id."""
+def original_ids(path, sym2idx: dict, lower_case: bool, unk: str = "<unk>") -> list[int]:
+    """The original Transformer-XL rule, written out: the file read line by line in text mode (Python's universal
+    newlines), each line stripped, lower-cased if asked, split on whitespace, closed by <eos>; an unknown word is
+    <unk>'s id."""
     ids = []
-    for line in text.splitlines(keepends=True):
-        line = line.strip().lower() if lower_case else line.strip()
-        ids += [sym2idx.get(w, sym2idx[unk]) for w in line.split() + ["<eos>"]]
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip().lower() if lower_case else line.strip()
+            ids += [sym2idx.get(w, sym2idx[unk]) for w in line.split() + ["<eos>"]]
     return ids
 
 
@@ -57,16 +59,36 @@ def test_a_vocabulary_file_gives_its_own_ids_case_rule_and_symbols(tmp_path):
 
     words = ["the", "<eos>", "zürich", "a", "<unk>", "of", "="]  # <eos> and <unk> anywhere, as the file says
     text = " = Zürich = \n\nThe naïve a OF   the\n  \nlast line without newline"
+    path = tmp_path / "text.txt"
+    path.write_bytes(text.encode("utf-8"))
     for lower_case in (False, True):
         tokenizer = WordTokenizer(file=vocabulary_file(tmp_path, words, lower_case=lower_case))
         sym2idx = {w: i for i, w in enumerate(words)}
-        assert tokenizer.encode(text).tolist() == original_ids(text, sym2idx, lower_case)
+        assert tokenizer.encode(text).tolist() == original_ids(path, sym2idx, lower_case)
         assert (tokenizer.eos_id, tokenizer.unk_id, tokenizer.vocab_size) == (1, 4, 7)
         tokenizer.fit(["ignored: a vocabulary file has nothing to learn"])
         assert tokenizer.itos == words
     ids = tokenizer.encode(text)
     assert tokenizer.decode(ids) == "= zürich =\n\nthe <unk> a of the\n\n<unk> <unk> <unk> <unk>\n"
     assert tokenizer.token_bytes().tolist() == [4, 1, 8, 2, 6, 3, 2]
+
+
+def test_lines_end_where_the_original_reader_ends_them(tmp_path):
+    """The original reads its text files in Python's text mode: a line ends at \\n, \\r\\n or a lone \\r, and the
+    separators that str.splitlines adds (\\v, \\f, \\x1c-\\x1e, \\x85, \\u2028, \\u2029) are whitespace inside a
+    line. A prompt's last line can be left open."""
+    from xl.data.words import WordTokenizer
+
+    words = ["<eos>", "<unk>", "a", "b", "c"]
+    tokenizer = WordTokenizer(file=vocabulary_file(tmp_path, words))
+    text = "a b\rc\r\na\r\rb\x0bc\x0ca\x1cb\x1dc\x1ea\x85b\u2028c\u2029a\nb c\r"
+    path = tmp_path / "text.txt"
+    path.write_bytes(text.encode("utf-8"))
+    ids = tokenizer.encode(text).tolist()
+    assert ids == original_ids(path, {w: i for i, w in enumerate(words)}, False)
+    assert ids.count(0) == 6 and len(ids) == 21
+    assert tokenizer.encode("a b\rc", close_last_line=False).tolist() == [2, 3, 0, 4]
+    assert tokenizer.encode("a b\rc").tolist() == [2, 3, 0, 4, 0]
 
 
 def test_vocabulary_files_are_checked_and_fingerprinted_by_content(tmp_path):

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from xl.model import TransformerXL, XLConfig
+from xl.torch_errors import load_failure
 
 XL_KEY = "xl"  # where this project's part of a checkpoint lives
 DEFAULTS = {f.name: f.default for f in fields(XLConfig)}
@@ -49,7 +50,7 @@ def read_checkpoint(path: Path, setting: str = "ckpt_path") -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # torch raises many types for truncated/garbage files
-        reason = str(err).splitlines()[0][:200]
+        reason = load_failure(err)
         raise CheckpointError(
             f"{setting}={path} cannot be read (truncated, corrupt or not a checkpoint): {reason}"
         ) from err

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from omegaconf import DictConfig
 from torch import Tensor
@@ -30,6 +31,7 @@ from xl.checkpoint import Checkpoint
 from xl.config import entry_point
 from xl.console import errors_logged, quiet_warnings
 from xl.data.sources import decode
+from xl.data.tokenizers import Tokenizer, WordTokenizer
 from xl.model import TransformerXL
 from xl.rules import check_generate_config
 from xl.runs import use_run_data
@@ -105,6 +107,23 @@ def warmup_text(cfg: DictConfig) -> str:
     return decode(path.read_bytes())
 
 
+def prompt_ids(tokenizer: Tokenizer, text: str) -> np.ndarray:
+    """The ids of the warm-up and prompt as the start of a text that the samples continue. A word tokenizer closes
+    every line of a corpus with its end-of-line symbol, the last one too; a prompt's last line is left open."""
+    if isinstance(tokenizer, WordTokenizer):
+        return tokenizer.encode(text, close_last_line=False)
+    return tokenizer.encode(text)
+
+
+def continuation(tokenizer: Tokenizer, ids: np.ndarray, new: np.ndarray) -> str:
+    """The new tokens' text as it follows the prompt's: the two decoded as one text, less the prompt's decoding,
+    so that what joins them (a word tokenizer's space before the first new word) is written. Where the prompt's
+    decoding is not the start of the whole one (bytes of a character cut at the warm-up's end), the new tokens'
+    own decoding."""
+    head, whole = tokenizer.decode(ids), tokenizer.decode(np.concatenate([ids, new]))
+    return whole[len(head):] if whole.startswith(head) else tokenizer.decode(new)
+
+
 # An absolute path: found the same way under `python -m xl.generate` and when main() is called in-process.
 @entry_point("generate")
 def main(cfg: DictConfig) -> None:
@@ -125,14 +144,14 @@ def sample_text(cfg: DictConfig) -> None:
     model = checkpoint.load_model()
     context, described = decoding_context(cfg, checkpoint)
     del checkpoint  # the weights are in the model; free the optimizer state
-    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)[None]
+    ids = prompt_ids(tokenizer, text)
     try:
-        new = generate(model, ids, cfg.max_new_tokens, seg_len=cfg.seg_len, temperature=cfg.temperature,
-                       top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed, **context)
+        new = generate(model, torch.tensor(ids, dtype=torch.long)[None], cfg.max_new_tokens, seg_len=cfg.seg_len,
+                       temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed, **context)
     except ValueError as err:  # the decoder's context checks name mem_len / clamp_len
         raise ConfigError(str(err)) from err
-    print(described, file=sys.stderr)  # stdout holds only the text
-    print(cfg.prompt + tokenizer.decode(new[0].numpy()))
+    print(described, file=sys.stderr)  # stdout holds only the text; log lines go to stderr too (conf/generate.yaml)
+    print(cfg.prompt + continuation(tokenizer, ids, new[0].numpy()))
 
 
 if __name__ == "__main__":

@@ -8,15 +8,15 @@
     OUT/checkpoints/last.ckpt   the model config, the weights, the vocabulary's fingerprint and text, provenance
     OUT/vocab.json              the word vocabulary (data.tokenizer=word data.tokenizer_file=OUT/vocab.json)
 
-Nothing in the source runs: weights are read as safetensors or with ``torch.load(weights_only=True)``, and the
-vocabulary pickle by a reader that refuses anything but plain data (:mod:`xl.convert.vocab`). The mapping and its
-refusals are in :mod:`xl.convert.weights`. OUT is written in a temporary folder and renamed into place when complete.
+Nothing in the source runs: weights are read by the ``safetensors`` library or with ``torch.load(weights_only=True)``,
+and the vocabulary pickle by a reader that builds plain data and refuses anything else (:mod:`xl.convert.vocab`,
+:mod:`xl.convert.plain_pickle`). config.json reads as transformers 4 reads it; the mapping and its refusals are in
+:mod:`xl.convert.weights`. OUT is written in a temporary folder and renamed into place when complete.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -28,7 +28,7 @@ import torch
 from xl.checkpoint import XL_KEY
 from xl.convert.fetch import fetch
 from xl.convert.vocab import VocabularyError, vocabulary_from_pickle
-from xl.convert.weights import ConversionError, check_fits, convert_weights, model_config, read_weights
+from xl.convert.weights import ConversionError, check_fits, convert_weights, model_config, read_config, read_weights
 from xl.data.tokenizers import fingerprint
 from xl.data.words import WordTokenizer, read_vocabulary
 
@@ -40,6 +40,15 @@ def find_vocabulary(folder: Path) -> Path:
         if (folder / name).is_file():
             return folder / name
     raise ConversionError(f"{folder} has neither vocab.pkl nor vocab.bin (the word vocabulary)")
+
+
+def sha256(path: Path) -> str:
+    """The file's SHA-256, read in pieces (a published model's weights take a gigabyte)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for piece in iter(lambda: f.read(2**24), b""):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 def checkpoint_state(values: dict[str, Any], weights: dict[str, torch.Tensor], vocab_text: str,
@@ -68,7 +77,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike) -> Path:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ConversionError(f"{folder} has no config.json; SRC must be a Hugging Face Transformer-XL folder")
-    hf = json.loads(config_path.read_text())
+    hf = read_config(config_path)
     values = model_config(hf)  # refuses unsupported options before the weights are read
     vocab_path = find_vocabulary(folder)
     vocab_text, summary = vocabulary_from_pickle(vocab_path)
@@ -79,7 +88,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike) -> Path:
     weights = convert_weights(hf, source)
     check_fits(values, weights)
     files = [config_path, folder / weights_name, vocab_path]
-    provenance = {"source": origin, "files": {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files},
+    provenance = {"source": origin, "files": {f.name: sha256(f) for f in files},
                   "vocabulary": summary}
     state = checkpoint_state(values, weights, vocab_text, provenance)
     out.parent.mkdir(parents=True, exist_ok=True)

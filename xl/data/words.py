@@ -116,19 +116,22 @@ class WordTokenizer:
         ranked = [w for w, n in counts.most_common() if n >= self.min_freq and w not in (EOS, UNK)]
         self._set_words([EOS, UNK] + ranked[: self.max_size], EOS, UNK, False)
 
-    def words(self, text: str) -> list[str]:
-        """The symbols of ``text``: its words, the end-of-line symbol after each line (a last line without newline
-        included)."""
+    def words(self, text: str, close_last_line: bool = True) -> list[str]:
+        """The symbols of ``text``: its words, the end-of-line symbol after each line. Lines end where the original
+        reader's do (a file read in Python's text mode: at ``\\n``, ``\\r\\n`` or a lone ``\\r``); a last line
+        without a newline is closed too, unless ``close_last_line`` is false (a prompt, which the samples continue)."""
         if self.lower_case:
             text = text.lower()
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
         words = text.replace("\n", f" {self.eos} ").split()
-        if text and not text.endswith("\n"):
+        if close_last_line and text and not text.endswith("\n"):
             words.append(self.eos)
         return words
 
-    def encode(self, text: str, unknown: Counter | None = None) -> np.ndarray:
-        """Ids of the words of ``text``, the end-of-line symbol after each line."""
-        words = self.words(text)
+    def encode(self, text: str, unknown: Counter | None = None, close_last_line: bool = True) -> np.ndarray:
+        """Ids of the words of ``text``, the end-of-line symbol after each line (:meth:`words`)."""
+        words = self.words(text, close_last_line)
         ids = np.fromiter(map(self._stoi.__getitem__, words), dtype=np.int32, count=len(words))
         if unknown is not None and (ids == self.unk_id).any():
             unknown.update(w for w in words if w not in self._stoi)
