@@ -45,10 +45,13 @@ def units(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def plotted_unit(rows: list[dict[str, Any]]) -> str:
-    """The figure the plot shows: the jobs' own unit, or bits per byte where their tokenizers differ (the only
-    figure that compares across them)."""
-    own = units(rows)
-    return own[0] if len(own) == 1 else "bpb"
+    """The figure the plot shows: bits per byte, which every job of any tokenizer reports and which compares
+    across tokenizers (ppl of a word model and of a subword model do not, nor bpc and bpb on non-ASCII text); jobs
+    of one tokenizer that score the same text rank as their own figure ranks them. Their own unit only where no job
+    reports bpb."""
+    if any(f"{split}/bpb" in r for r in rows for split in ("val", "test")):
+        return "bpb"
+    return units(rows)[0]
 
 
 def columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -94,9 +97,8 @@ def x_axis(rows: list[dict[str, Any]]) -> str:
 
 
 def write_plot(rows: list[dict[str, Any]], sweep_dir: Path) -> Path:
-    """Left: val/test quality against the memory length (mem_len, or eval_mem_len for an evaluation sweep), in the
-    jobs' own unit, or in bits per byte where the jobs' tokenizers differ; right: cache MB and tokens/s (training's,
-    else evaluation's) against it."""
+    """Left: val/test bits per byte (:func:`plotted_unit`) against the memory length (mem_len, or eval_mem_len for
+    an evaluation sweep); right: cache MB and tokens/s (training's, else evaluation's) against it."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers; must precede pyplot
