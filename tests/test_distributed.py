@@ -1,13 +1,14 @@
-"""What ranks exchange, in two real gloo processes: each rank's RNG states, and one non-finite decision for all."""
+"""What ranks exchange, in two real gloo processes (started once for all the tests here): each rank's RNG states, one
+non-finite decision for all, and the metrics' sums."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.helpers import metric_ranks
 from xl.checkpoint import gather_rng_states, set_rng_state
 from xl.lit import agree_across_ranks
 
@@ -23,17 +24,40 @@ def _rank_main(rank: int, folder: str) -> None:
         quiet = agree_across_ranks(torch.tensor(False))
         torch.manual_seed(7)
         set_rng_state(states[rank])  # what a resumed rank gets back
-        torch.save({"own": own, "states": states, "raised": raised, "quiet": quiet,
-                    "restored": torch.get_rng_state()}, f"{folder}/rank{rank}.pt")
+        restored = torch.get_rng_state()
+        metrics = metric_ranks.metrics()
+        for batch in metric_ranks.batches(rank):
+            metrics.update("val", *batch)
+        figures = {k: float(v) for k, v in metrics.compute("val").items()}
+        torch.save({"own": own, "states": states, "raised": raised, "quiet": quiet, "restored": restored,
+                    "figures": figures}, f"{folder}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def test_ranks_save_their_own_rng_states_and_agree_on_skipping(tmp_path: Path):
-    mp.spawn(_rank_main, args=(str(tmp_path),), nprocs=2, join=True)
-    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    folder = tmp_path_factory.mktemp("ranks")
+    mp.spawn(_rank_main, args=(str(folder),), nprocs=2, join=True)
+    return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+
+def test_ranks_save_their_own_rng_states_and_agree_on_skipping(ranks):
+    results = ranks
     assert not torch.equal(results[0]["own"], results[1]["own"])
     for result in results:
         assert [torch.equal(s["torch"], results[i]["own"]) for i, s in enumerate(result["states"])] == [True, True]
         assert torch.equal(result["restored"], result["own"])  # its own stream, not rank 0's
         assert bool(result["raised"]) and not bool(result["quiet"])
+
+
+def test_ranks_reduce_the_bytes_spelled_for_unk_into_the_figures_of_one_process(ranks):
+    """Each rank scores its own batches (with <unk> and their lengths, a different number per rank); the figures
+    every rank computes are those of one process that scored all of them."""
+    reference = metric_ranks.metrics()
+    for batch in metric_ranks.batches(0) + metric_ranks.batches(1):
+        reference.update("val", *batch)
+    expected = {k: float(v) for k, v in reference.compute("val").items()}
+    for result in ranks:
+        assert result["figures"].keys() == expected.keys() and result["figures"]["val/unk_share"] > 0
+        assert result["figures"] == pytest.approx(expected, rel=1e-14)

@@ -17,6 +17,11 @@ from xl.metrics import LMMetrics, ScoredText
 LN2 = math.log(2)
 
 
+def bits(n: float) -> torch.Tensor:
+    """A mean NLL of ``n`` bits per token, in float64 nats."""
+    return torch.tensor(n * LN2, dtype=torch.float64)
+
+
 def random_batches(vocab: int, n: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(mean NLL, targets) pairs of varying shapes, as a stage sees them."""
     g = torch.Generator().manual_seed(seed)
@@ -27,12 +32,14 @@ def random_batches(vocab: int, n: int, seed: int = 0) -> list[tuple[torch.Tensor
     return out
 
 
-@pytest.mark.parametrize("unit,name", [("token", "ppl"), ("word", "ppl"), ("char", "bpc")])
-def test_epoch_figures_are_the_float64_sums_of_every_batch(unit, name):
+@pytest.mark.parametrize("unit,name,unk_id", [("token", "ppl", None), ("word", "ppl", 1), ("char", "bpc", 49)])
+def test_epoch_figures_are_the_float64_sums_of_every_batch(unit, name, unk_id):
+    """Batches without their targets' own lengths (a split with nothing unknown): the table counts every target,
+    <unk> included, and nothing is spelled."""
     vocab = 50
     table = torch.randint(1, 9, (vocab,), generator=torch.Generator().manual_seed(1))
     metrics = LMMetrics(unit)
-    metrics.set_token_bytes(table, vocab)
+    metrics.set_token_bytes(table, vocab, unk_id)
     batches = random_batches(vocab, 40)
     for nll, target in batches:
         step = metrics.update("val", nll, target)
@@ -42,7 +49,8 @@ def test_epoch_figures_are_the_float64_sums_of_every_batch(unit, name):
     tokens = sum(target.numel() for _, target in batches)
     n_bytes = sum(int(table[t]) for _, target in batches for t in target.flatten().tolist())
     values = metrics.compute("val")
-    assert set(values) == {"val/loss", f"val/{name}", "val/bpb"}
+    assert set(values) == {"val/loss", f"val/{name}", "val/bpb"} | ({"val/unk_share"} if unk_id else set())
+    assert unk_id is None or float(values["val/unk_share"]) == 0.0
     assert values["val/loss"].dtype == values["val/bpb"].dtype == torch.float64
     assert float(values["val/loss"]) == pytest.approx(nats / tokens, rel=1e-13)
     assert float(values["val/bpb"]) == pytest.approx(nats / (n_bytes * LN2), rel=1e-13)
@@ -62,6 +70,48 @@ def test_byte_unit_bits_per_byte_equal_bits_per_token_with_or_without_the_table(
     assert set(a) == set(b) == {"test/loss", "test/bpb"}
     assert float(a["test/bpb"]) == pytest.approx(float(a["test/loss"]) / LN2, rel=1e-14)
     assert float(b["test/bpb"]) == pytest.approx(float(a["test/bpb"]), rel=1e-14)
+
+
+@pytest.mark.parametrize("unit", ["word", "char"])
+def test_bits_per_byte_charge_eight_bits_for_each_byte_an_unk_stands_for(unit):
+    """Hand-computed: ids 0..3 with table [1, 6, 4, 4] (<eos>, <unk>, two known symbols), <unk> = 1. Mean NLLs of
+    2 and 3 bits per token make the model's bits whole numbers."""
+    metrics = LMMetrics(unit)
+    metrics.set_token_bytes(torch.tensor([1, 6, 4, 4]), 4, unk_id=1)
+    # Batch 1: known, <unk> of 9 bytes, known, <eos>: 4 tokens x 2 bits + 9 bytes x 8 bits = 80 bits over 18 bytes.
+    step = metrics.update("val", bits(2), torch.tensor([[2, 1, 3, 0]]), torch.tensor([[4, 9, 4, 1]]))
+    assert float(step["val/bpb"]) == pytest.approx(80 / 18, rel=1e-14)
+    assert float(step["val/unk_share"]) == pytest.approx(9 / 18, rel=1e-14)
+    # Batch 2, two rows: <unk> of 3 bytes, <unk> of 6: 2 x 3 bits + 9 x 8 bits = 78 bits over 9 bytes.
+    step = metrics.update("val", bits(3), torch.tensor([[1], [1]]), torch.tensor([[3], [6]]))
+    assert float(step["val/bpb"]) == pytest.approx(78 / 9, rel=1e-14)
+    assert float(step["val/unk_share"]) == 1.0
+    values = metrics.compute("val")
+    assert float(values["val/bpb"]) == pytest.approx((80 + 78) / 27, rel=1e-14)
+    assert float(values["val/unk_share"]) == pytest.approx(18 / 27, rel=1e-14)
+    assert float(values["val/loss"]) == pytest.approx((4 * 2 + 2 * 3) * LN2 / 6, rel=1e-14)  # the model's own loss
+    # What the model alone paid per byte: the model's 14 bits over the 27 bytes.
+    assert float(values["val/bpb"]) - 8 * float(values["val/unk_share"]) == pytest.approx(14 / 27, rel=1e-12)
+
+
+def test_training_leaves_a_non_finite_steps_spelled_bytes_out_too():
+    metrics = LMMetrics("word")
+    metrics.set_token_bytes(torch.tensor([1, 6, 4]), 3, unk_id=1)
+    target, lengths = torch.tensor([[2, 1]]), torch.tensor([[4, 5]])
+    metrics.update("train", torch.tensor(float("nan")), target, lengths)
+    metrics.update("train", bits(1), torch.tensor([[2, 1, 1]]), torch.tensor([[4, 2, 3]]))
+    train = metrics.compute("train")  # the second step only: 3 bits + 5 bytes x 8 bits over 9 bytes
+    assert float(train["train/bpb"]) == pytest.approx(43 / 9)
+    assert float(train["train/unk_share"]) == pytest.approx(5 / 9)
+
+
+def test_lengths_without_an_unk_id_or_an_unk_id_outside_the_vocabulary_are_refused():
+    metrics = LMMetrics("word")
+    metrics.set_token_bytes(torch.tensor([1, 6, 4]), 3)
+    with pytest.raises(ValueError, match="no <unk> id"):
+        metrics.update("val", torch.tensor(1.0), torch.tensor([[2, 1]]), torch.tensor([[4, 5]]))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        metrics.set_token_bytes(torch.tensor([1, 6, 4]), 3, unk_id=3)
 
 
 def test_no_table_no_bits_per_byte_for_other_units_and_a_wrong_table_is_refused():
@@ -103,13 +153,15 @@ def test_sums_stay_float64_when_the_module_is_cast_to_bfloat16():
 
 def test_rank_sums_merge_into_the_sums_of_one_process():
     """What the cross-rank reduction does (every state is summed): two halves give the whole."""
-    batches = [(nll * target.numel(), target.numel(), 3 * target.numel()) for nll, target in random_batches(7, 20)]
+    batches = [(nll * target.numel(), target.numel(), 3 * target.numel(), int((target == 0).sum()))
+               for nll, target in random_batches(7, 20)]
     whole, first, second = ScoredText(), ScoredText(), ScoredText()
-    for i, (nats, tokens, n_bytes) in enumerate(batches):
-        whole.update(nats.double(), tokens, n_bytes)
-        (first if i % 2 else second).update(nats.double(), tokens, n_bytes)
+    for i, (nats, tokens, n_bytes, spelled) in enumerate(batches):
+        whole.update(nats.double(), tokens, n_bytes, spelled)
+        (first if i % 2 else second).update(nats.double(), tokens, n_bytes, spelled)
     first.merge_state(second)
     assert [t.item() for t in first.compute()] == pytest.approx([t.item() for t in whole.compute()], rel=1e-15)
+    assert 0 < whole.compute()[2].item() < 1  # some bytes were spelled (two real ranks: tests/test_distributed.py)
 
 
 # --- end to end through the Lightning module -----------------------------------------------------------------------

@@ -154,3 +154,16 @@ def test_summary_columns_name_every_memory_setting_and_bits_per_byte_once():
     assert columns(rows) == ["job", "mem_len", "cmem_len", "grad_segments", "val/ppl", "val/bpb"]
     byte_rows = [{"job": "0", "unit": "bpb", "val/bpb": 2.5, "test/bpb": 2.3}]
     assert columns(byte_rows) == ["job", "val/bpb", "test/bpb"]
+
+
+def test_jobs_of_several_tokenizers_are_tabled_with_their_own_figures_and_plotted_in_bits_per_byte():
+    """A sweep over data.tokenizer: every job's own figure and bpb are columns, the <unk> share beside them, and the
+    plot shows bpb, the figure they share (the first job's unit, ppl, would leave the byte job out, and would put a
+    word model's ppl beside a subword model's)."""
+    from xl.sweep import columns, plotted_unit
+
+    rows = [{"job": "word", "mem_len": 64, "unit": "ppl", "val/ppl": 40.0, "val/bpb": 2.9, "val/unk_share": 0.4},
+            {"job": "byte", "mem_len": 64, "unit": "bpb", "val/bpb": 2.5}]
+    assert columns(rows) == ["job", "mem_len", "val/ppl", "val/bpb", "val/unk_share"]
+    assert plotted_unit(rows) == plotted_unit(rows[:1]) == "bpb"
+    assert plotted_unit([{"job": "0", "mem_len": 64, "unit": "ppl", "val/ppl": 40.0}]) == "ppl"  # no bpb reported

@@ -30,6 +30,7 @@ from xl.footprint import available_memory, run_estimate, vocabulary_bound
 from xl.init_from import check_data, load_weights, start_from
 from xl.lit import XLLitModule
 from xl.memory import packed_size
+from xl.metrics import FALLBACK_BITS
 from xl.model_config import XLConfig
 from xl.rules import ConfigError, check_config, check_device, config_key, model_values, uses_cuda
 from xl.rules import check_fits as check_estimate
@@ -105,8 +106,9 @@ def prepare(datamodule: Any) -> Any:
     for split, info in datamodule.cache.meta["splits"].items():
         if info.get("unknown"):
             top = ", ".join(f"{symbol!r}×{n}" for symbol, n in info.get("unknown_top", []))
-            log.warning("%d %s symbols of the %s split are not in the vocabulary and read as <unk> (%s)",
-                        info["unknown"], datamodule.unit, split, top)
+            log.warning("%d %s symbols of the %s split are not in the vocabulary and read as <unk> (%s); bits per "
+                        "byte charge %d bits for each byte an <unk> stands for (%s/unk_share: their share)",
+                        info["unknown"], datamodule.unit, split, top, FALLBACK_BITS, split)
     return datamodule
 
 

@@ -42,10 +42,17 @@ def describe(module: Any, path: str, step: int, datamodule: Any, corpus: dict[st
 
 
 def format_table(results: dict[str, dict[str, float]], unit: str) -> str:
-    lines = [f"  {'split':<6} {'loss':>8} {unit:>8} {'tokens':>12} {'tokens/s':>10}"]
+    """Loss, the tokenizer's own figure, bits per byte (the figure that compares across tokenizers) and, for a
+    tokenizer with ``<unk>``, the share of the bytes spelled by its fallback (:mod:`xl.metrics`) per split."""
+    figures = list(dict.fromkeys([unit, "bpb"]))
+    if any(f"{split}/unk_share" in m for split, m in results.items()):
+        figures.append("unk_share")
+    header = " ".join(f"{f:>9}" for f in figures)
+    lines = [f"  {'split':<6} {'loss':>8} {header} {'tokens':>12} {'tokens/s':>10}"]
     for split, m in results.items():
-        lines.append(f"  {split:<6} {m[f'{split}/loss']:>8.4f} {m[f'{split}/{unit}']:>8.4f} "
-                     f"{m[f'{split}/tokens']:>12,.0f} {m[f'{split}/tok_s']:>10,.0f}")
+        lines.append(f"  {split:<6} {m[f'{split}/loss']:>8.4f} "
+                     + " ".join(f"{m[f'{split}/{f}']:>9.4f}" if f"{split}/{f}" in m else f"{'':>9}" for f in figures)
+                     + f" {m[f'{split}/tokens']:>12,.0f} {m[f'{split}/tok_s']:>10,.0f}")
     if all(f"{split}/docs" in m for split, m in results.items()) and results:
         names = bucket_names()
         lines.append(f"  per document ({unit}; by position in document):")

@@ -226,7 +226,8 @@ def corpus_note(checkpoint: Checkpoint, datamodule: Any, from_run: bool) -> str:
 
 
 def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
-    """``{split: {"<split>/loss", "<split>/<bpb|bpc|ppl>", "<split>/tokens", "<split>/tok_s"}}`` for val and test;
+    """``{split: {"<split>/loss", "<split>/<bpb|bpc|ppl>", "<split>/bpb", "<split>/tokens", "<split>/tok_s"}}`` for
+    val and test, and ``<split>/unk_share`` for a tokenizer with ``<unk>`` (:mod:`xl.metrics`);
     with ``per_document``, also ``<split>/docs``, ``<split>/doc_mean_<unit>`` and ``<split>/pos_<range>_<unit>``.
     Also written to ``results.json`` in ``paths.output_dir`` and logged to W&B (with ``logger=wandb``)."""
     check_evaluate_config(cfg)

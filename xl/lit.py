@@ -209,13 +209,15 @@ class XLLitModule(L.LightningModule):
             super().backward(torch.stack(window).sum(), *args, **kwargs)
 
     def setup(self, stage: str) -> None:
-        """Count scored bytes with the data's byte-length table (none without a data module that has one). With
+        """Count scored bytes with the data's byte-length table and ``<unk>`` id (none without a data module that
+        has them). With
         ``grad_segments`` k > 1, fitting: the trainer accumulates k times its own setting for this fit, so that
         the optimizer steps once per window (once per ``accumulate_grad_batches`` windows)."""
-        table = getattr(self.trainer.datamodule, "token_bytes", None)
-        self.metrics.set_token_bytes(table, self.config.vocab_size)
-        self.tokenizer_fingerprint = getattr(self.trainer.datamodule, "tokenizer_fingerprint", None)
-        self.data_identity = getattr(self.trainer.datamodule, "identity", None)  # saved in checkpoints
+        datamodule = self.trainer.datamodule
+        self.metrics.set_token_bytes(getattr(datamodule, "token_bytes", None), self.config.vocab_size,
+                                     getattr(datamodule, "unk_id", None))
+        self.tokenizer_fingerprint = getattr(datamodule, "tokenizer_fingerprint", None)
+        self.data_identity = getattr(datamodule, "identity", None)  # saved in checkpoints
         if stage != "fit" or self.grad_segments == 1:
             return
         trainer = self.trainer

@@ -39,12 +39,28 @@ def collect(sweep_dir: Path) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r.get("mem_len", math.inf), r.get("eval_mem_len") or 0, r["job"]))
 
 
+def units(rows: list[dict[str, Any]]) -> list[str]:
+    """The jobs' own figures (bpb, bpc, ppl), in order of first appearance; bpb where none says."""
+    return list(dict.fromkeys(r["unit"] for r in rows if "unit" in r)) or ["bpb"]
+
+
+def plotted_unit(rows: list[dict[str, Any]]) -> str:
+    """The figure the plot shows: bits per byte, which every job of any tokenizer reports and which compares
+    across tokenizers (ppl of a word model and of a subword model do not, nor bpc and bpb on non-ASCII text); jobs
+    of one tokenizer that score the same text rank as their own figure ranks them. Their own unit only where no job
+    reports bpb."""
+    if any(f"{split}/bpb" in r for r in rows for split in ("val", "test")):
+        return "bpb"
+    return units(rows)[0]
+
+
 def columns(rows: list[dict[str, Any]]) -> list[str]:
-    """The table's columns: context, metrics (whatever the unit), cost; unknown keys are left out."""
-    unit = next((r["unit"] for r in rows if "unit" in r), "bpb")
+    """The table's columns: context, metrics (each job's own unit, bits per byte and the share of bytes spelled for
+    <unk>), cost; unknown keys are left out."""
+    metrics = [f"{split}/{m}" for split in ("val", "test") for m in ("loss", *units(rows), "bpb", "unk_share")]
     wanted = ["job", "mem_len", "eval_mem_len", "cmem_len", "cmem_rate", "num_tokens", "grad_segments",
-              "doc_boundaries", "val/loss", f"val/{unit}", "val/bpb", "test/loss", f"test/{unit}", "test/bpb",
-              "train_tok_s", "val/tok_s", "test/tok_s", "cache_mb", "params", "wall_s", "status"]
+              "doc_boundaries", *metrics, "train_tok_s", "val/tok_s", "test/tok_s", "cache_mb", "params", "wall_s",
+              "status"]
     return list(dict.fromkeys(c for c in wanted if any(c in r for r in rows)))  # bpb once for byte data
 
 
@@ -81,15 +97,15 @@ def x_axis(rows: list[dict[str, Any]]) -> str:
 
 
 def write_plot(rows: list[dict[str, Any]], sweep_dir: Path) -> Path:
-    """Left: val/test quality against the memory length (mem_len, or eval_mem_len for an evaluation sweep); right:
-    cache MB and tokens/s (training's, else evaluation's) against it."""
+    """Left: val/test bits per byte (:func:`plotted_unit`) against the memory length (mem_len, or eval_mem_len for
+    an evaluation sweep); right: cache MB and tokens/s (training's, else evaluation's) against it."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers; must precede pyplot
     import matplotlib.pyplot as plt
 
     measured = [r for r in rows if "mem_len" in r]
-    unit = next((r["unit"] for r in measured), "bpb")
+    unit = plotted_unit(measured)
     key = x_axis(measured)
     x = [r[key] for r in measured]
     style = "o-" if len(set(x)) == len(x) else "o"  # several jobs per mem_len (e.g. Optuna): points only

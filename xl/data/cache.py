@@ -4,9 +4,11 @@ The folder name is a hash of the source identity (its document rule included) an
 changed file, document rule or vocabulary setting gets a fresh folder; a folder whose recorded settings differ
 from the run's is refused, never mixed. Each split has its ids (``<split>.npy``) and the offsets where its
 documents begin (``<split>.docs.npy``, int64, sorted, from 0), both memory-mapped when read. A split where the
-tokenizer gave ``<unk>`` (whose one table entry cannot say how many bytes each replaced) also has the UTF-8 length
-of every position's text (``<split>.bytes.npy``, the smallest unsigned dtype that holds them), so that bits per
-byte count the real bytes; where the tokenizer's per-id table is exact there is no such file. A cache is built in
+tokenizer met text its vocabulary lacks (read as ``<unk>``, whose one table entry cannot say how many bytes each
+stands for) also has the UTF-8 length of every position's text (``<split>.bytes.npy``, the smallest unsigned dtype
+that holds them), so that bits per byte count the real bytes and charge the spelling of each ``<unk>``
+(:mod:`xl.metrics`); where the tokenizer's per-id table is exact (a literal ``<unk>`` in the text included) there
+is no such file. A cache is built in
 a private temporary folder (the fitted vocabulary and the ids it gave, together) and renamed into place only when
 complete, ``meta.json`` included, so a crash, a full disk or two processes building at once never leave a cache
 that a later run trusts.

@@ -116,8 +116,15 @@ class SegmentDataModule(lightning.LightningDataModule):
     @property
     def token_bytes(self) -> torch.Tensor:
         """Each id's length in UTF-8 bytes of the original text (int64, vocabulary-sized), for bits per byte; where
-        a split has ``<unk>``, its batches also carry each target's own length, which the metrics count instead."""
+        a split has text the vocabulary lacks, its batches also carry each target's own length, which the metrics
+        count instead."""
         return torch.from_numpy(self.cache.tokenizer.token_bytes())
+
+    @property
+    def unk_id(self) -> int | None:
+        """The id of ``<unk>`` (char and word tokenizers), which bits per byte charge for the text it stands for
+        (:mod:`xl.metrics`); None for tokenizers that never give it."""
+        return getattr(self.cache.tokenizer, "unk_id", None)
 
     def setup(self, stage: str | None = None) -> None:
         """Cut this rank's streams for the splits ``stage`` needs; a split too short for one batch fails here."""

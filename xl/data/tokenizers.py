@@ -114,7 +114,8 @@ class CharTokenizer:
 
         ``<unk>`` stands for every character the training split lacks, whatever its own UTF-8 length (1 to 4
         bytes), so one length per id cannot count it: the token cache keeps, for a split that has ``<unk>``, the
-        real length of each position (:meth:`unknown_bytes`), and bits per byte counts those.
+        real length of each position (:meth:`unknown_bytes`); bits per byte count those, and charge 8 bits for
+        each byte of an ``<unk>`` (:mod:`xl.metrics`).
         """
         return np.array([len(c.encode("utf-8")) for c in self.chars] + [1], dtype=np.int64)
 

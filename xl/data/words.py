@@ -152,8 +152,8 @@ class WordTokenizer:
         """A word counts its UTF-8 bytes plus one separator (the space that followed it), the end-of-line symbol the
         newline, ``<unk>`` the literal ``<unk>`` and its separator (what WikiText writes for the words it replaced).
         A word that this vocabulary lacks counts its own bytes and separator instead: the token cache keeps, for a
-        split that has ``<unk>``, the length of each position (:meth:`unknown_bytes`), and bits per byte counts
-        those.
+        split that has such words, the length of each position (:meth:`unknown_bytes`); bits per byte count those,
+        and charge 8 bits for each byte of every ``<unk>`` of that split (:mod:`xl.metrics`).
 
         The sum over a split equals its bytes when each word is followed by exactly one space, the last of a line
         included (``"a b c \\n"``: 7 bytes); a line ending without that space (``"a b c\\n"``) counts one byte more,
