@@ -23,45 +23,49 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from xl.bounds import describe_type
+from xl.callback_schema import (
+    CALLBACKS,
+    LOGGERS,
+    CSVLoggerSchema,
+    JobSummarySchema,
+    LearningRateMonitorSchema,
+    ModelCheckpointSchema,
+    PreemptionSchema,
+    ProgressBarSchema,
+    TensorBoardSchema,
+    ThroughputMonitorSchema,
+    WandbSchema,
+)
 from xl.compose_errors import describe_error
 from xl.rules import ConfigError
 from xl.schema import (
-    CALLBACKS,
-    LOGGERS,
     OUTPUT_DIR,
     SCHEMAS,
     CompileSchema,
-    CSVLoggerSchema,
     DataSchema,
     EvalContextSchema,
     EvaluateSchema,
     FilesDataSchema,
-    JobSummarySchema,
-    LearningRateMonitorSchema,
+    GenerateSchema,
     MemorySchema,
-    ModelCheckpointSchema,
     ModelSchema,
     OptimSchema,
     PathsSchema,
-    PreemptionSchema,
-    ProgressBarSchema,
     SourceDataSchema,
-    TensorBoardSchema,
-    ThroughputMonitorSchema,
     TrainerSchema,
     TrainSchema,
-    WandbSchema,
     register,
 )
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 # Kept importable from here: the schema, its registration, and the sentence for a composition error.
 __all__ = ["CALLBACKS", "CONF_DIR", "LOGGERS", "OUTPUT_DIR", "SCHEMAS", "CSVLoggerSchema", "CompileSchema",
-           "ConfigError", "DataSchema", "EvalContextSchema", "EvaluateSchema", "FilesDataSchema", "JobSummarySchema",
-           "LearningRateMonitorSchema", "MemorySchema", "ModelCheckpointSchema", "ModelSchema", "OptimSchema",
-           "PathsSchema", "PreemptionSchema", "ProgressBarSchema", "SourceDataSchema", "TensorBoardSchema",
-           "ThroughputMonitorSchema", "TrainSchema", "TrainerSchema", "WandbSchema", "check_complete", "compose",
-           "describe_error", "describe_type", "entry_point", "exit_on_user_error", "register", "user_errors"]
+           "ConfigError", "DataSchema", "EvalContextSchema", "EvaluateSchema", "FilesDataSchema", "GenerateSchema",
+           "JobSummarySchema", "LearningRateMonitorSchema", "MemorySchema", "ModelCheckpointSchema", "ModelSchema",
+           "OptimSchema", "PathsSchema", "PreemptionSchema", "ProgressBarSchema", "SourceDataSchema",
+           "TensorBoardSchema", "ThroughputMonitorSchema", "TrainSchema", "TrainerSchema", "WandbSchema",
+           "check_complete", "compose", "describe_error", "describe_type", "entry_point", "exit_on_user_error",
+           "register", "user_errors"]
 
 
 def check_complete(cfg: DictConfig) -> None:
