@@ -62,13 +62,15 @@ def check_strategy(strategy: Any) -> None:
 
 
 def logged_metrics(tokenizer: str) -> list[str]:
-    """The metrics a training run logs at each validation and training step for ``data.tokenizer`` (the names
-    :class:`xl.metrics.LMMetrics` gives its figures), validation first."""
+    """The metrics a training run logs at each validation and training step for ``data.tokenizer``, validation
+    first: the figures that :class:`xl.metrics.LMMetrics` gives a batch, with a byte-length table (the data module
+    always has one)."""
     from xl.data.tokenizers import TOKENIZERS
     from xl.metrics import LMMetrics
 
-    metrics, zero = LMMetrics(TOKENIZERS[tokenizer].unit), torch.zeros(())
-    return [name for stage in ("val", "train") for name in metrics.figures(stage, zero, zero)]
+    metrics, target = LMMetrics(TOKENIZERS[tokenizer].unit), torch.zeros(1, 1, dtype=torch.long)
+    metrics.set_token_bytes(torch.ones(1, dtype=torch.long), 1)
+    return [name for stage in ("val", "train") for name in metrics.update(stage, torch.zeros(()), target)]
 
 
 def check_monitors(callbacks: Any, tokenizer: str) -> None:
