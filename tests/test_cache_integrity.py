@@ -178,3 +178,22 @@ def test_an_unlocked_temporary_folder_is_swept_only_once_it_is_old(tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a build (another open file) holds it
         build_cache(sources.TextFilesSource(**paths), make_tokenizer("byte"), root)
         assert young.is_dir() and locked.is_dir() and not old.exists()
+
+
+def test_a_damaged_cache_in_a_folder_this_process_may_not_change_is_one_sentence(tmp_path, monkeypatch):
+    """A shared, read-only cache root: the damage is reported with the folder to delete, not as a traceback."""
+    import xl.data.workspace as workspace
+
+    paths = write_corpus(tmp_path)
+    source = sources.TextFilesSource(**paths)
+    folder = build_cache(source, make_tokenizer("byte"), tmp_path / "cache")
+    (folder / "train.npy").unlink()
+
+    def read_only(src, dst):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(workspace.os, "rename", read_only)
+    with pytest.raises(DataError) as info:
+        open_cache(source, make_tokenizer("byte"), tmp_path / "cache")
+    assert str(info.value) == (f"the token cache {folder} is damaged (train.npy is missing) and cannot be moved away "
+                               "(Permission denied); delete that folder or set data.cache_dir to another folder")

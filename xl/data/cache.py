@@ -102,7 +102,12 @@ def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLik
             return _read(folder, source, tokenizer)
         except Damaged as err:
             log.warning("the token cache %s is damaged (%s); rebuilding it", folder, err)
-            discard(folder)
+            try:
+                discard(folder)
+            except OSError as cause:  # a cache folder this process may not change
+                raise DataError(f"the token cache {folder} is damaged ({err}) and cannot be moved away "
+                                f"({cause.strerror or cause}); delete that folder or set data.cache_dir to another "
+                                "folder") from None
     with workspace(folder) as work:
         _build(source, tokenizer, work)
         publish(work, folder, "meta.json")

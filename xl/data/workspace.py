@@ -62,7 +62,7 @@ def publish(work: Path, folder: Path, complete: str) -> None:
 
 def discard(folder: Path) -> None:
     """Move ``folder`` out of the way under a temporary name, then remove it (what a kill leaves is swept later).
-    Memory maps that a process still holds on its files stay valid."""
+    Memory maps that a process still holds on its files stay valid; a folder that cannot be moved raises OSError."""
     aside = folder.with_name(f".{folder.name}.{secrets.token_hex(4)}.discarded{SUFFIX}")
     try:
         os.rename(folder, aside)
@@ -75,13 +75,14 @@ def sweep(root: Path) -> None:
     """Remove the temporary folders under ``root`` whose builds no longer run."""
     try:
         candidates = [p for p in root.iterdir() if p.name.startswith(".") and p.name.endswith(SUFFIX)]
-    except FileNotFoundError:
+    except OSError:  # no root yet, or one this process may not read
         return
     for work in candidates:
         if work.is_dir() and abandoned(work):
             size = folder_bytes(work)
             shutil.rmtree(work, ignore_errors=True)
-            log.info("removed %s (%.1f MB), left by a cache build that did not finish", work, size / 1e6)
+            if not work.exists():  # a root this process may not write keeps them
+                log.info("removed %s (%.1f MB), left by a cache build that did not finish", work, size / 1e6)
 
 
 def folder_bytes(folder: Path) -> int:
