@@ -216,7 +216,7 @@ def test_schema_mirrors_the_code_it_configures():
     assert names(FilesDataSchema) == data_args | set(inspect.signature(SegmentDataModule.from_files).parameters) - {
         "kwargs"}
     trainer_args = set(inspect.signature(L.Trainer).parameters)
-    assert names(SCHEMAS["trainer/schema"]) <= trainer_args
+    assert names(SCHEMAS["trainer_schema"]) <= trainer_args
     for schema in [*CALLBACKS.values(), *LOGGERS.values()]:
         parameters = inspect.signature(get_object(schema._target_)).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):  # WandbLogger passes on to wandb.init
@@ -225,7 +225,7 @@ def test_schema_mirrors_the_code_it_configures():
 
 def parent_defaults(group: str, entry: str) -> dict:
     """What an option file's defaults-list entry gives: a schema's defaults, or another option composed."""
-    node = SCHEMAS.get(f"{group}/{entry}")
+    node = SCHEMAS.get(entry.removeprefix("/").removesuffix("@_here_"))
     if node is not None:
         return OmegaConf.to_container(OmegaConf.create(
             {k: OmegaConf.structured(v) for k, v in node.items()} if isinstance(node, dict) else

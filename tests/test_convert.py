@@ -334,5 +334,5 @@ def test_the_published_evaluation_config_sets_the_papers_context(converted, tmp_
     assert (cfg.data.eval_tgt_len, cfg.memory.eval_mem_len, cfg.memory.eval_clamp_len) == (128, 1600, 1000)
     assert cfg.memory.eval_same_length and cfg.data.batch_size == 10
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with pytest.raises(Exception, match=r"wikitext-103 cannot be fetched.*data=text data\.train=PATH"):
+    with pytest.raises(Exception, match=r"wikitext-103 is not in the datasets cache.*data=text data\.train=PATH"):
         build_datamodule(cfg)

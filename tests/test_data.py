@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -21,7 +22,8 @@ from hydra.utils import instantiate
 from xl.data import DataError, SegmentDataModule, SegmentLoader, make_tokenizer, sources, split_streams
 from xl.data.cache import build_cache, cache_folder, open_cache, token_dtype
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = ROOT / "conf"
 # \r\n, a lone \r, blank lines, tabs, non-ASCII (2-, 3- and 4-byte UTF-8) and a last line without newline.
 TRICKY = "first line\r\n\r\nsecond\tline  with  spaces\n\n\nhéllo wörld — 日本語 🙂\rcarriage\nno newline at end"
 
@@ -374,13 +376,66 @@ def test_real_stdlib_corpus_is_big_enough():
     assert not any("/test/" in f"/{relative}" or "site-packages" in relative for relative, _ in source.files())
 
 
-def test_hub_source_offline_fails_fast_with_the_data_text_hint(tmp_path, monkeypatch):
+def fake_datasets(monkeypatch, load_dataset) -> list[tuple]:
+    """``datasets`` replaced by one whose ``load_dataset`` is given (skips a 2 s import); returns its calls."""
+    calls = []
+
+    def load(*args, **kwargs):
+        calls.append(args)
+        return load_dataset(*args, **kwargs)
+
+    monkeypatch.setitem(sys.modules, "datasets", SimpleNamespace(load_dataset=load))
+    return calls
+
+
+class Rows:
+    """What ``datasets.load_dataset`` returns, as far as HubSource reads it."""
+
+    def __init__(self, rows: list[str]) -> None:
+        self.rows = rows
+
+    def iter(self, batch_size: int):
+        yield {"text": self.rows}
+
+
+def test_hub_source_offline_reads_the_datasets_cache(monkeypatch):
+    """HF_DATASETS_OFFLINE=1 (or HF_HUB_OFFLINE=1) lets datasets read a copy already in its cache."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    dm = instantiate(compose_data("+data=wikitext103", f"data.cache_dir={tmp_path}").data)
-    start = time.perf_counter()
-    with pytest.raises(DataError, match="data=text data.train=PATH data.val=PATH data.test=PATH"):
-        dm.prepare_data()
-    assert time.perf_counter() - start < 5
+    calls = fake_datasets(monkeypatch, lambda *args, split: Rows([" = Title = ", " words of the article "]))
+    assert "".join(sources.HubSource("wikitext-2").texts("val")) == " = Title = \n words of the article \n"
+    assert calls == [("Salesforce/wikitext", "wikitext-2-v1")]
+
+
+def test_hub_source_offline_without_a_cached_copy_says_what_to_do(monkeypatch):
+    def not_cached(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'Salesforce/wikitext' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    fake_datasets(monkeypatch, not_cached)
+    with pytest.raises(DataError) as info:
+        list(sources.HubSource("wikitext-2").texts("val"))
+    assert str(info.value).startswith("wikitext-2 is not in the datasets cache and HF_DATASETS_OFFLINE/HF_HUB_OFFLINE "
+                                      "is set (ConnectionError: ")
+    assert str(info.value).endswith("; point HF_HOME at a datasets cache that holds it, or download the files "
+                                    "elsewhere and use data=text data.train=PATH data.val=PATH data.test=PATH")
+
+
+def test_hub_source_unreachable_fails_at_once_without_retries(tmp_path):
+    """No offline flag and no network: one quick check of the hub, then the sentence (datasets itself retries for
+    about 23 s over 25 lines). The path users run: a fresh process, datasets' real import."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"), PYTHONPATH=str(ROOT))
+    code = ("import time\nfrom xl.data import sources\nstart = time.perf_counter()\n"
+            "try:\n    list(sources.HubSource('wikitext-2').texts('val'))\n"
+            "finally:\n    print(time.perf_counter() - start)")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    seconds = float(result.stdout)  # from the call on: the imports before it take seconds on a busy machine
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("xl.data.errors.DataError: wikitext-2 cannot be fetched: the hub (http://127.0.0.1:9) "
+                              "cannot be reached (")
+    assert message.endswith("; set HF_DATASETS_OFFLINE=1 to read a copy already in the datasets cache, or download "
+                            "the files elsewhere and use data=text data.train=PATH data.val=PATH data.test=PATH")
+    assert "Retrying" not in result.stderr and seconds < 5
 
 
 def test_hub_source_connection_error_gives_the_same_hint(monkeypatch):
@@ -389,7 +444,8 @@ def test_hub_source_connection_error_gives_the_same_hint(monkeypatch):
 
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setitem(sys.modules, "datasets", SimpleNamespace(load_dataset=unreachable))  # skips a 2 s import
+    monkeypatch.setattr(sources, "hub_unreachable", lambda: None)  # the hub answers, the dataset fails
+    fake_datasets(monkeypatch, unreachable)
     with pytest.raises(DataError, match="use data=text data.train=PATH"):
         list(sources.HubSource("enwik8").texts("train"))
     with pytest.raises(DataError, match="data.source.name"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,35 @@ def test_results_go_to_json_and_to_a_new_wandb_run_when_the_run_has_none(trained
     assert saved["step"] == 20 and saved["ckpt"] == str((trained["run"] / "checkpoints" / "last.ckpt").resolve())
     (offline,) = (out / "wandb").glob("offline-run-*")
     assert list(offline.glob("*.wandb")) and not (trained["run"] / "wandb_id").exists()
+
+
+def test_other_data_outside_a_run_folder_keeps_the_checkpoints_segments(trained, corpus, tmp_path, monkeypatch):
+    """A checkpoint without its run folder still records its training segment length and batch."""
+    overrides = [o for o in eval_overrides(trained, corpus)
+                 if not o.startswith(("data.batch_size=", "data.tgt_len=", "paths.output_dir="))]
+    run_hydra_main(xl.evaluate.main, ["xl/evaluate.py", *overrides, "splits=[val]", "trainer.limit_val_batches=2",
+                                      f"hydra.run.dir={tmp_path / 'ev'}"], monkeypatch)
+    saved = json.loads((tmp_path / "ev" / "results.json").read_text())
+    assert (saved["tgt_len"], saved["batch_size"]) == (16, 4)
+    assert "tgt_len=16 clamp_len=-1 batch=4 (the checkpoint's training segments)" in (
+        tmp_path / "ev" / "evaluate.log").read_text()
+
+
+def test_the_first_split_is_timed_as_the_second(trained, corpus, tmp_path, monkeypatch):
+    """The first segment an evaluation runs pays for warming up (allocations, kernels: here a second more); it is
+    scored but not timed, so the tokens/s of the first split are those of the second."""
+    real = xl.evaluate.Evaluator.segment_loss
+    first = []
+
+    def slow_first(self, *args, **kwargs):
+        if not first:
+            first.append(True)
+            time.sleep(1.0)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(xl.evaluate.Evaluator, "segment_loss", slow_first)
+    results = evaluate(compose_eval(*eval_overrides(trained, corpus, "trainer.limit_val_batches=8",
+                                                    "trainer.limit_test_batches=8")))
+    val, test = results["val"], results["test"]
+    assert val["val/tokens"] == test["test/tokens"] == 8 * 4 * 16  # every segment is scored
+    assert val["val/tok_s"] > 0.3 * test["test/tok_s"], (val["val/tok_s"], test["test/tok_s"])

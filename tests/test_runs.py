@@ -80,8 +80,23 @@ def test_evaluate_on_other_data_says_so(run, corpus, tmp_path, monkeypatch):
     evaluate_cli([f"ckpt={run}", *swapped, "logger=none", "splits=[val]", f"hydra.run.dir={tmp_path / 'ev'}"],
                  monkeypatch)
     log = (tmp_path / "ev" / "evaluate.log").read_text()
-    assert f"scored: data.val ({corpus['test']}) (not the data the model was trained on: data.train (" in log
+    assert f"scored: data.val ({corpus['test']}) (other data than the run's, which trained on data.train (" in log
     assert json.loads((tmp_path / "ev" / "results.json").read_text())["run_data"] is False
+
+
+def test_evaluate_on_other_data_keeps_the_runs_segments_unless_they_are_set(run, corpus, tmp_path, monkeypatch):
+    """data=text names other files; the segment length and batch stay the run's (16 and 4, not the schema's 128 and
+    8) unless the command line sets them, and the output says where they come from."""
+    named = [d for d in explicit_data(corpus, run) if not d.startswith(("data.batch_size=", "data.tgt_len="))]
+    other = [d.replace(str(corpus["val"]), str(corpus["test"])) if d.startswith("data.val=") else d for d in named]
+    for extra, segments, words in [([], (16, 4), "the run's"), (["data.tgt_len=8"], (8, 4), "data.tgt_len as set, "
+                                                                                         "data.batch_size the run's")]:
+        out = tmp_path / f"ev{len(extra)}"
+        evaluate_cli([f"ckpt={run}", *other, *extra, "logger=none", "splits=[val]", "trainer.limit_val_batches=2",
+                      f"hydra.run.dir={out}"], monkeypatch)
+        saved = json.loads((out / "results.json").read_text())
+        assert (saved["tgt_len"], saved["batch_size"]) == segments
+        assert f"tgt_len={segments[0]} clamp_len=-1 batch={segments[1]} ({words})" in (out / "evaluate.log").read_text()
 
 
 def test_generate_reads_the_run_tokenizer_and_python_users_get_it(run, tmp_path, monkeypatch, capsys):

@@ -9,6 +9,7 @@ sentence and its documentation are one declaration.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 from collections.abc import Callable, Sequence
@@ -57,15 +58,17 @@ def is_int(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """An int or a finite float (Hydra reads ``inf`` and ``nan`` as floats)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def at_least(low: int | float, words: str = "an integer") -> Bound:
+    """``value >= low``: an integer, or (other ``words``, such as "a finite number") any finite number."""
     test = is_int if words == "an integer" else is_number
     return Bound(f"{words} >= {low}", lambda v: test(v) and v >= low)
 
 
-def above(low: int | float, words: str = "a number") -> Bound:
+def above(low: int | float, words: str = "a finite number") -> Bound:
     return Bound(f"{words} > {low}", lambda v: is_number(v) and v > low)
 
 

@@ -27,6 +27,7 @@ from xl.checkpoint import Checkpoint, CheckpointError, check_compatible
 from xl.console import TRAINER_DEFAULTS
 from xl.data import DataError
 from xl.footprint import available_memory, run_estimate, vocabulary_bound
+from xl.headroom import setting_to_lower
 from xl.init_from import check_data, load_weights, start_from
 from xl.lit import XLLitModule
 from xl.memory import packed_size
@@ -78,7 +79,12 @@ def check_fits(cfg: DictConfig, vocab_size: int | None = None, warn: bool = True
         footprint, processes = run_estimate(cfg, vocab_size)
     except (TypeError, ValueError) as err:  # the model with the data's vocabulary (its cutoffs)
         raise model_error(err) from None
-    check_estimate(footprint, processes, *available_memory(uses_cuda(cfg)), warn=warn)
+
+    def need(trial: DictConfig) -> int:
+        return run_estimate(trial, vocab_size)[0].total * processes
+
+    check_estimate(footprint, processes, *available_memory(uses_cuda(cfg)), warn=warn,
+                   lower=lambda: setting_to_lower(cfg, need))
 
 
 model_config = model_values  # XLConfig's fields from a composed config

@@ -53,9 +53,8 @@ def describe_error(err: BaseException) -> str:
         return f"the command line cannot be read ({text.splitlines()[0]}); see Hydra's override grammar"
     if isinstance(err, MissingConfigException) and err.missing_cfg_file:  # a group option that does not exist
         group, _, option = err.missing_cfg_file.rpartition("/")
-        choices = [n for n in err.options or [] if not n.endswith("schema")]
         return f"{group}={option} is not an option of the {group} group" + (
-            f"; choose one of {', '.join(choices)}" if choices else "")
+            f"; choose one of {', '.join(err.options)}" if err.options else "")
     # OmegaConf's error, with its fields: Hydra raises it as the cause, or (a config file's) as the context
     cause = next((e for e in (err.__cause__, err.__context__, err) if isinstance(e, OmegaConfBaseException)), err)
     key = getattr(cause, "full_key", None) or ""

@@ -18,50 +18,56 @@ from typing import TypeVar
 import hydra
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import CompactHydraException, InstantiationException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from xl.bounds import describe_type
+from xl.callback_schema import (
+    CALLBACKS,
+    LOGGERS,
+    CSVLoggerSchema,
+    JobSummarySchema,
+    LearningRateMonitorSchema,
+    ModelCheckpointSchema,
+    PreemptionSchema,
+    ProgressBarSchema,
+    TensorBoardSchema,
+    ThroughputMonitorSchema,
+    WandbSchema,
+)
 from xl.compose_errors import describe_error
 from xl.rules import ConfigError
 from xl.schema import (
-    CALLBACKS,
-    LOGGERS,
     OUTPUT_DIR,
     SCHEMAS,
     CompileSchema,
-    CSVLoggerSchema,
     DataSchema,
     EvalContextSchema,
     EvaluateSchema,
     FilesDataSchema,
-    JobSummarySchema,
-    LearningRateMonitorSchema,
+    GenerateSchema,
     MemorySchema,
-    ModelCheckpointSchema,
     ModelSchema,
     OptimSchema,
     PathsSchema,
-    PreemptionSchema,
-    ProgressBarSchema,
     SourceDataSchema,
-    TensorBoardSchema,
-    ThroughputMonitorSchema,
     TrainerSchema,
     TrainSchema,
-    WandbSchema,
     register,
 )
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 # Kept importable from here: the schema, its registration, and the sentence for a composition error.
 __all__ = ["CALLBACKS", "CONF_DIR", "LOGGERS", "OUTPUT_DIR", "SCHEMAS", "CSVLoggerSchema", "CompileSchema",
-           "ConfigError", "DataSchema", "EvalContextSchema", "EvaluateSchema", "FilesDataSchema", "JobSummarySchema",
-           "LearningRateMonitorSchema", "MemorySchema", "ModelCheckpointSchema", "ModelSchema", "OptimSchema",
-           "PathsSchema", "PreemptionSchema", "ProgressBarSchema", "SourceDataSchema", "TensorBoardSchema",
-           "ThroughputMonitorSchema", "TrainSchema", "TrainerSchema", "WandbSchema", "check_complete", "compose",
-           "describe_error", "describe_type", "entry_point", "exit_on_user_error", "register", "user_errors"]
+           "ConfigError", "DataSchema", "EvalContextSchema", "EvaluateSchema", "FilesDataSchema", "GenerateSchema",
+           "JobSummarySchema", "LearningRateMonitorSchema", "MemorySchema", "ModelCheckpointSchema", "ModelSchema",
+           "OptimSchema", "PathsSchema", "PreemptionSchema", "ProgressBarSchema", "SourceDataSchema",
+           "TensorBoardSchema", "ThroughputMonitorSchema", "TrainSchema", "TrainerSchema", "WandbSchema",
+           "check_complete", "command_line_keys", "compose", "describe_error", "describe_type", "entry_point",
+           "exit_on_user_error", "register", "user_errors"]
 
 
 def check_complete(cfg: DictConfig) -> None:
@@ -85,6 +91,15 @@ def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> Di
             return hydra_compose(config_name, overrides=list(overrides))
     except (CompactHydraException, OmegaConfBaseException) as err:
         raise ConfigError(describe_error(err)) from None
+
+
+def command_line_keys() -> set[str] | None:
+    """The keys and groups that the running Hydra job's command line set (``data.tgt_len=64`` gives
+    ``data.tgt_len``, ``data=text`` gives ``data``); None outside a Hydra job (a config composed in Python)."""
+    if not HydraConfig.initialized():
+        return None
+    overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
+    return {o.key_or_group for o in overrides}
 
 
 # ---- entry points -----------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from xl.bounds import bound_of, describe_type, help_of
-from xl.schema import CALLBACKS, LOGGERS, SCHEMAS, EvaluateSchema, FilesDataSchema, SourceDataSchema, TrainSchema
+from xl.callback_schema import CALLBACKS, LOGGERS
+from xl.schema import SCHEMAS, EvaluateSchema, FilesDataSchema, GenerateSchema, SourceDataSchema, TrainSchema
 
 BEGIN, END = "<!-- BEGIN GENERATED: python -m xl.config_reference -->", "<!-- END GENERATED -->"
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -61,10 +62,11 @@ def table(title: str, schema: type, prefix: str, note: str = "") -> list[str]:
 
 
 def reference() -> str:
-    """Every group and key of ``python train.py`` and ``python -m xl.evaluate``, from the schema."""
+    """Every group and key of ``python train.py``, ``python -m xl.evaluate`` and ``python -m xl.generate``, from the
+    schema."""
     lines: list[str] = []
     for group in ("model", "memory", "optim", "trainer"):
-        schema = SCHEMAS[f"{group}/schema"]
+        schema = SCHEMAS[f"{group}_schema"]
         summary = schema.__doc__.splitlines()[0]
         lines += table(f"`{group}`", schema, f"{group}.", f"Options: {options(group)}. {summary}")
     lines += table("`data` (every data option)", SourceDataSchema, "data.",
@@ -80,6 +82,8 @@ def reference() -> str:
     lines += table("`python -m xl.evaluate`", EvaluateSchema, "")
     context = EvaluateSchema.__dataclass_fields__["memory"].default_factory
     lines += table("`memory` of `python -m xl.evaluate`", context, "memory.", context.__doc__.replace("\n", " "))
+    lines += table("`python -m xl.generate`", GenerateSchema, "", "The data are the run's (`data=run`), as in "
+                   "evaluation.")
     return "\n".join(lines).rstrip() + "\n"
 
 

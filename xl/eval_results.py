@@ -28,7 +28,10 @@ def scored_corpus(datamodule: Any, splits: list[str]) -> dict[str, str]:
     return {split: datamodule.source.setting(split) for split in splits}
 
 
-def describe(module: Any, path: str, step: int, datamodule: Any, corpus: dict[str, str], note: str) -> str:
+def describe(module: Any, path: str, step: int, datamodule: Any, corpus: dict[str, str], note: str,
+             segments: str) -> str:
+    """The evaluation in words: the checkpoint, the data scored (``note``: whose they are) and the context
+    (``segments``: where the segment length and the batch come from)."""
     c = module.eval_context
     mode = (f"vanilla (no cache), attn_len={module.attn_len}" if module.attn_len else
             f"mem_len={c['mem_len']} same_length={c['same_length']}") + f" doc_boundaries={module.doc_boundaries}"
@@ -37,7 +40,7 @@ def describe(module: Any, path: str, step: int, datamodule: Any, corpus: dict[st
     return (f"checkpoint {path} (step {step}, trained with mem_len={module.config.mem_len})\n"
             f"  scored: {scored} ({note})\n"
             f"  {mode} tgt_len={datamodule.eval_tgt_len} clamp_len={c['clamp_len']} "
-            f"batch={datamodule.eval_batch_size} warmup={module.warmup} segments"
+            f"batch={datamodule.eval_batch_size} ({segments}) warmup={module.warmup} segments"
             + (f" (memory >= {filled} tokens when scoring)" if module.warmup and not module.attn_len else ""))
 
 

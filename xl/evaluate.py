@@ -2,10 +2,11 @@
 
 ``ckpt``: a run folder (its ``checkpoints/last.ckpt``) or a checkpoint file. The model's shape comes from the
 checkpoint, the data from the run's folder (``data=run``, the default; ``data.eval_tgt_len=64`` changes one of its
-settings; ``data=text data.train=... data.val=... data.test=...`` scores other data, and the output says whether
-that is the data the model was trained on); the evaluation context (``memory.eval_mem_len``, ``memory.clamp_len``,
-``memory.eval_same_length``), the device and the precision from ``conf/evaluate.yaml`` and its groups, so a
-checkpoint can be read with a longer memory than it was trained with, as in the paper. The results go to
+settings; ``data=text data.train=... data.val=... data.test=...`` scores other data, with the run's segment length
+and batch unless the command line sets them, and the output says whose data and segments they are); the evaluation
+context (``memory.eval_mem_len``, ``memory.clamp_len``, ``memory.eval_same_length``), the device and the precision
+from ``conf/evaluate.yaml`` and its groups, so a checkpoint can be read with a longer memory than it was trained
+with, as in the paper. The results go to
 ``results.json`` in the output folder and to W&B (the evaluated run's own W&B run when its folder records one);
 ``-m memory.eval_mem_len=0,128,512`` ends with the sweep's summary table and plot (:mod:`xl.sweep`).
 
@@ -23,25 +24,27 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 from torch import Tensor
 
 from xl.adaptive import widen
 from xl.build import ConfigError, build, build_datamodule, check_device
 from xl.checkpoint import Checkpoint
-from xl.config import entry_point
+from xl.config import command_line_keys, entry_point
 from xl.console import TRAINER_DEFAULTS, errors_logged, quiet_warnings
 from xl.documents import MODES, Documents, DocumentStats, split_batch, summary, target_bytes
 from xl.eval_results import describe, format_table, log_results, record, scored_corpus, write_results
 from xl.lit import XLLitModule
+from xl.memory import packed_size
 from xl.model import TransformerXL
 from xl.rules import check_evaluate_config
-from xl.runs import describe_corpus, find_run_folder, use_run_data
+from xl.runs import describe_corpus, find_run_folder, run_data, use_run_data
 
 log = logging.getLogger("evaluate")
 
@@ -75,7 +78,9 @@ class Evaluator(XLLitModule):
     """XLLitModule's evaluation with warm-up segments, the vanilla mode, and scored tokens/s.
 
     Validation and test share one step; the memory (or, in the vanilla mode, the preceding tokens)
-    restarts with every split. Time is counted over the scored segments only.
+    restarts with every split. Time is counted over the scored segments after the first segment of the split: the
+    first pays for warming up (allocations, kernels, caches), and would make the first split look slower than the
+    next. A split of one scored segment is timed on that one.
     """
 
     def __init__(self, model: dict[str, Any], context: dict[str, Any], unit: str, warmup: int = 0,
@@ -86,10 +91,13 @@ class Evaluator(XLLitModule):
         self.history: Tensor | None = None
         self.pos_history: Tensor | None = None  # positions in their documents of the vanilla history
         self.stats: DocumentStats | None = None
-        self.seconds, self.tokens = 0.0, 0
+        self.restart()
 
     def restart(self) -> None:
-        self.history, self.pos_history, self.stats, self.seconds, self.tokens = None, None, None, 0.0, 0
+        self.history, self.pos_history, self.stats = None, None, None
+        self.tokens = 0  # scored
+        self.seconds, self.timed = 0.0, 0  # time of the timed segments, and their tokens
+        self.untimed: tuple[float, int] | None = None  # (seconds, tokens) of a first scored segment, not timed
 
     def on_validation_epoch_start(self) -> None:
         super().on_validation_epoch_start()
@@ -123,7 +131,11 @@ class Evaluator(XLLitModule):
             return
         if x.is_cuda:  # kernels run asynchronously: wait before reading the clock
             torch.cuda.synchronize()
-        self.seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if batch_idx == 0:
+            self.untimed = (seconds, y.numel())
+        else:
+            self.seconds, self.timed = self.seconds + seconds, self.timed + y.numel()
         self.tokens += y.numel()
         self.metrics.update(stage, loss, y, target_bytes(batch))
         if self.per_document:
@@ -172,8 +184,9 @@ class Evaluator(XLLitModule):
         if not self.tokens:
             raise ConfigError(f"warmup={self.warmup} leaves no {stage} segment to score; lower warmup")
         world = self.trainer.world_size  # every rank scores batches of the same shape
+        seconds, timed = (self.seconds, self.timed) if self.timed else self.untimed
         self.log_dict({f"{stage}/tokens": float(self.tokens * world),
-                       f"{stage}/tok_s": self.tokens * world / self.seconds}, sync_dist=False)
+                       f"{stage}/tok_s": timed * world / seconds}, sync_dist=False)
 
 
 def eval_context(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
@@ -215,14 +228,55 @@ def eval_doc_boundaries(cfg: DictConfig, checkpoint: Checkpoint) -> str:
 
 
 def corpus_note(checkpoint: Checkpoint, datamodule: Any, from_run: bool) -> str:
-    """Whether the data scored is the data the model was trained on, in words."""
+    """Whether the data scored is the run's own (the splits of the corpus it was trained on), in words."""
     saved, current = checkpoint.data_identity, datamodule.identity
     if saved is None:
         return ("the run's data settings; the checkpoint does not record its data" if from_run else
                 "as named; the checkpoint does not record the data it was trained on")
     if (saved["source"], saved["tokenizer"]) == (current["source"], current["tokenizer"]):
-        return "the run's data" if from_run else "the data the model was trained on"
-    return f"not the data the model was trained on: {describe_corpus(saved)}"
+        return "the run's data" if from_run else "the run's data, named again"
+    return f"other data than the run's, which trained on {describe_corpus(saved)}"
+
+
+SEGMENT_KEYS = ("tgt_len", "batch_size", "eval_tgt_len", "eval_batch_size")  # of the data group
+
+
+def run_segments(checkpoint: Checkpoint, folder: Path | None) -> tuple[dict[str, Any], str]:
+    """The run's segment lengths and batch sizes (the data group's SEGMENT_KEYS), and whose they are in words: its
+    folder's settings, else what the checkpoint records of its training (the evaluation's then follow them)."""
+    if folder is not None:
+        data = run_data(folder)
+        return {key: data.get(key) for key in SEGMENT_KEYS}, "the run's"
+    memory = checkpoint.train_memory
+    recorded = {"tgt_len": checkpoint.train_tgt_len, "batch_size": None if memory is None else packed_size(memory)[1]}
+    return {key: value for key, value in recorded.items() if value is not None}, "the checkpoint's"
+
+
+def keep_run_segments(cfg: DictConfig, checkpoint: Checkpoint, folder: Path | None, set_keys: set[str] | None
+                      ) -> str:
+    """Data other than the run's (``data=text ...``) is scored with the run's segment length and batch: each of
+    SEGMENT_KEYS that the command line does not set (``set_keys``: the data keys it sets; None: unknown, every key
+    is as given) takes the run's value. Returns where the segment length and the batch come from, in words."""
+    if set_keys is None:
+        return "as set"
+    recorded, whose = run_segments(checkpoint, folder)
+    with open_dict(cfg):
+        for key, value in recorded.items():
+            if key not in set_keys:
+                cfg.data[key] = value
+    return segments_note(set_keys, whose if recorded else "the schema's (the checkpoint records none)")
+
+
+def segments_note(set_keys: set[str], whose: str) -> str:
+    """``the run's``, ``as set``, or which of the segment length and the batch was set (``data.tgt_len as set,
+    data.batch_size the run's``)."""
+    given = {quantity: next((f"data.{k}" for k in (f"eval_{quantity}", quantity) if k in set_keys), None)
+             for quantity in ("tgt_len", "batch_size")}
+    if not any(given.values()):
+        return f"{whose} training segments" if whose == "the checkpoint's" else whose
+    if all(given.values()):
+        return "as set"
+    return ", ".join(f"{key} as set" if key else f"data.{quantity} {whose}" for quantity, key in given.items())
 
 
 def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
@@ -233,11 +287,16 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     check_evaluate_config(cfg)
     check_device(cfg)
     L.seed_everything(cfg.seed, verbose=False)
-    from_run = use_run_data(cfg, cfg.ckpt)  # data=run: the run's data settings
+    on_run_data = bool(cfg.data.get("from_run"))
+    given = {k for k in SEGMENT_KEYS if cfg.data.get(k) is not None} if on_run_data else command_line_keys()
+    set_keys = None if given is None else {k.removeprefix("data.") for k in given}
+    from_run = use_run_data(cfg, cfg.ckpt)  # data=run: the run's data settings, with the keys set here on top
     checkpoint = Checkpoint.open(cfg.ckpt, setting="ckpt")
     folder = find_run_folder(checkpoint.path)
     about = {"path": str(checkpoint.path.resolve()), "step": checkpoint.global_step,
              "run": str(folder.resolve()) if folder else None}
+    segments = segments_note(set_keys, "the run's") if from_run else keep_run_segments(cfg, checkpoint, folder,
+                                                                                       set_keys)
     datamodule = build_datamodule(cfg)
     note = corpus_note(checkpoint, datamodule, from_run is not None)
     module = build_evaluator(cfg, checkpoint, datamodule)
@@ -252,7 +311,7 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     written = write_results(cfg.paths.output_dir, values)
     logged = log_results(cfg, values)
     log.info("evaluation\n  %s\n%s\n  results: %s%s", describe(module, about["path"], about["step"], datamodule, corpus,
-                                                           note),
+                                                           note, segments),
              format_table(results, module.quality_name), written, f"\n  {logged}" if logged else "")
     return results
 

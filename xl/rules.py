@@ -1,8 +1,9 @@
 """Every rule a config must satisfy, in one place, each broken rule one sentence naming the setting to change.
 
 :func:`check_config` checks a composed config once, before any work: the bounds the schemas declare beside each field
-(:mod:`xl.schema`, :mod:`xl.bounds`), keys added with ``+``, the arguments of ``_target_`` classes, and the rules
-between settings (the model's shape, the memory's variants, the compression rate, windows of ``grad_segments``).
+(:mod:`xl.schema`, :mod:`xl.bounds`), keys added with ``+``, the rules between settings (the model's shape, the
+memory's variants, the compression rate, windows of ``grad_segments``) and those of the trainer, its callbacks and
+loggers (:mod:`xl.trainer_rules`: ``_target_`` arguments, the strategy, the monitored metric).
 :func:`check_device` and :func:`check_fits` add what the machine allows. The model's own checks
 (:func:`check_model`, :func:`check_context`, :func:`check_compressive`) serve :class:`xl.model_config.XLConfig` and
 the evaluation overrides of a checkpoint as well, so a Python user gets the same sentences.
@@ -11,19 +12,19 @@ the evaluation overrides of a checkpoint as well, so a Python user gets the same
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
+import math
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import torch
-from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.bounds import bound_of, is_int, shown
 from xl.compressive import COMPRESSION_FNS
 from xl.headroom import NAMES, SETTINGS, GiB, verdict
+from xl.trainer_rules import check_trainer
 
 if TYPE_CHECKING:
     from xl.footprint import RunFootprint
@@ -159,8 +160,8 @@ def check_grad_segments(grad_segments: Any, mem_len: int, cmem_len: int = 0, num
 
 def check_optim(lr: float, warmup_steps: int, min_lr_ratio: float) -> None:
     """What the optimizer's schedule needs (xl.optim.OptimConfig)."""
-    if lr <= 0:
-        raise ValueError(f"optim.lr must be > 0, got {lr}")
+    if not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"optim.lr must be a finite number > 0, got {lr}")
     if warmup_steps < 0:
         raise ValueError(f"optim.warmup_steps must be >= 0, got {warmup_steps}")
     if not 0.0 <= min_lr_ratio <= 1.0:
@@ -198,26 +199,6 @@ def check_added_keys(cfg: DictConfig) -> None:
         for name in node:
             if name not in known:
                 raise ConfigError(f"{group}.{name} is not a setting; {group} has {', '.join(known)}")
-
-
-def check_arguments(node: Any, key: str) -> None:
-    """Refuse keys that ``node``'s ``_target_`` does not take (e.g. a misspelt ``+trainer.X``), naming them."""
-    if not OmegaConf.is_dict(node) or "_target_" not in node:
-        return
-    target_path = node["_target_"]
-    try:
-        target = get_object(target_path)
-    except Exception:
-        raise ConfigError(f"{key}._target_={target_path} cannot be imported; give a full import path") from None
-    try:
-        parameters = inspect.signature(target).parameters
-    except (TypeError, ValueError):  # no signature to check against
-        return
-    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-        return
-    for name in node:
-        if not str(name).startswith("_") and name not in parameters:
-            raise ConfigError(f"{key}.{name} is not an argument of {target_path}; remove it")
 
 
 def check_memory(memory: DictConfig) -> None:
@@ -279,13 +260,6 @@ def check_model_settings(values: Mapping[str, Any], fitted: bool = False) -> Non
         raise ConfigError(str(err)) from None
 
 
-def check_compile(compile_cfg: Any) -> None:
-    if compile_cfg.enabled:
-        backends = torch.compiler.list_backends(exclude_tags=())
-        if compile_cfg.backend not in backends:
-            raise ConfigError(f"compile.backend must be one of {', '.join(backends)}, got {compile_cfg.backend!r}")
-
-
 def check_config(cfg: DictConfig, vocabulary: Callable[[], int]) -> None:
     """Every rule of a training config that needs neither the corpus nor the device, one sentence for the first
     broken; ``vocabulary()``: the smallest vocabulary the data can give (the cutoffs are checked against it), asked
@@ -299,14 +273,9 @@ def check_config(cfg: DictConfig, vocabulary: Callable[[], int]) -> None:
     try:
         check_grad_segments(memory.grad_segments, memory.mem_len, memory.cmem_len, memory.num_tokens)
         check_optim(cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
+        check_trainer(cfg)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    check_arguments(cfg.trainer, "trainer")
-    check_arguments(cfg.trainer.get("strategy"), "trainer.strategy")
-    for group in ("callbacks", "logger"):
-        for name, node in (cfg.get(group) or {}).items():
-            check_arguments(node, f"{group}.{name}")
-    check_compile(cfg.compile)
 
 
 def check_evaluate_config(cfg: DictConfig, model: Mapping[str, Any] | None = None, attn_len: int | None = None
@@ -324,9 +293,9 @@ def check_evaluate_config(cfg: DictConfig, model: Mapping[str, Any] | None = Non
 
 
 def check_generate_config(cfg: DictConfig) -> None:
-    """``python -m xl.generate``'s settings (whether the warm-up file exists is checked when it is read)."""
-    if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0 or cfg.max_new_tokens < 0 or cfg.seg_len < 1:
-        raise ConfigError("temperature must be >= 0, top_p in (0, 1], top_k and max_new_tokens >= 0, seg_len >= 1")
+    """``python -m xl.generate``'s settings: the schema's bounds, and the rules between them (whether the warm-up
+    file exists is checked when it is read)."""
+    check_bounds(cfg)
     if cfg.warmup and cfg.get("warmup_text"):
         raise ConfigError("warmup (a file) and warmup_text (a text) both set; keep one")
     if not (cfg.prompt or cfg.warmup or cfg.get("warmup_text")):
@@ -371,9 +340,11 @@ def check_device(cfg: DictConfig) -> bool:
     return not on_cpu
 
 
-def check_fits(footprint: RunFootprint, processes: int, available: int, where: str, warn: bool = True) -> None:
+def check_fits(footprint: RunFootprint, processes: int, available: int, where: str, warn: bool = True,
+               lower: Callable[[], str | None] = lambda: None) -> None:
     """Refuse a run whose estimate (xl.footprint's, for ``processes`` sharing the device) exceeds the device's free
-    memory, naming the setting to lower; warn when it is close."""
+    memory, naming the setting to lower (``lower()``: :func:`xl.headroom.setting_to_lower`, asked only then; else
+    the settings of the largest part); warn when it is close."""
     judged = verdict(footprint, available, processes)
     if judged == "fits":
         return
@@ -383,7 +354,7 @@ def check_fits(footprint: RunFootprint, processes: int, available: int, where: s
               f"{footprint.parts()[part] * processes / GiB:,.1f} GiB{shared}) against {available / GiB:,.1f} GiB "
               f"of {where}")
     if judged == "too big":
-        raise ConfigError(f"this run needs {detail}; lower {SETTINGS[part]}")
+        raise ConfigError(f"this run needs {detail}; lower {lower() or SETTINGS[part]}")
     if warn:
         log.warning("this run needs %s, close to the limit (python -m xl.footprint --run ... itemises it)", detail)
 

@@ -1,9 +1,10 @@
 """The config schema: every key of ``conf/`` with its type, default, allowed values and meaning.
 
-Every group of ``conf/`` is checked against a dataclass below, registered with Hydra's ConfigStore as
-``<group>/schema`` (``conf/<group>/*.yaml`` name it first in their defaults list), and the two primary configs
-against ``train_schema`` and ``evaluate_schema``. The type stops a misspelt key or a value of the wrong type at
-composition; the bound beside it (:func:`xl.bounds.setting`) is checked by :mod:`xl.rules` before any work.
+Every group of ``conf/`` is checked against a dataclass below (those of the callbacks and loggers:
+:mod:`xl.callback_schema`), registered with Hydra's ConfigStore as ``<group>_schema`` (``conf/<group>/*.yaml`` name
+it first in their defaults list, as ``/<group>_schema@_here_``), and the three primary configs against
+``train_schema``, ``evaluate_schema`` and ``generate_schema``. The type stops a misspelt key or a value of the wrong
+type at composition; the bound beside it (:func:`xl.bounds.setting`) is checked by :mod:`xl.rules` before any work.
 :mod:`xl.config_reference` prints the tables of ``docs/configuration.md`` from these fields.
 
 Importing ``xl`` registers the schemas, so composing ``conf/`` by hand (``hydra.compose``) finds them too.
@@ -18,7 +19,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from xl.bounds import Bound, above, at_least, between, is_int, one_of, optional, setting
+from xl.bounds import Bound, above, at_least, between, is_int, is_number, one_of, optional, setting
+from xl.callback_schema import CALLBACKS, LOGGERS
 from xl.compressive import COMPRESSION_FNS
 from xl.model_config import XLConfig
 from xl.rules import DOC_BOUNDARIES, MEM_DTYPE_NAMES
@@ -159,7 +161,7 @@ class OptimSchema:
     """``optim``: AdamW, linear warm-up then cosine decay to ``min_lr_ratio × lr`` (xl.optim.OptimConfig)."""
 
     lr: float = setting(1e-3, bound=above(0), help="peak learning rate")
-    weight_decay: float = setting(0.0, bound=at_least(0, "a number"), help="AdamW's, on matrices only")
+    weight_decay: float = setting(0.0, bound=at_least(0, "a finite number"), help="AdamW's, on matrices only")
     betas: list[float] = setting(factory=lambda: [0.9, 0.999], help="AdamW's", bound=Bound(
         "two numbers in [0, 1)", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)))
     eps: float = setting(1e-8, bound=above(0), help="AdamW's")
@@ -190,7 +192,8 @@ class TrainerSchema:
     check_val_every_n_epoch: int | None = setting(None, bound=optional(POSITIVE), help="null: by val_check_interval")
     limit_val_batches: int | float = setting(100, bound=BATCHES, help="segments of validation")
     limit_test_batches: int | float = setting(1.0, bound=BATCHES, help="segments of the test")
-    gradient_clip_val: float | None = setting(0.25, bound=optional(at_least(0, "a number")), help="null: no clipping")
+    gradient_clip_val: float | None = setting(0.25, bound=optional(at_least(0, "a finite number")),
+                                              help="null: no clipping")
     accumulate_grad_batches: int = setting(1, bound=POSITIVE, help="windows per optimizer step")
     log_every_n_steps: int = setting(10, bound=POSITIVE, help="steps between logged values")
     num_sanity_val_steps: int = setting(2, bound=Bound("-1 (all) or an integer >= 0", lambda v: is_int(v) and v >= -1),
@@ -199,96 +202,6 @@ class TrainerSchema:
                                                            lambda v: isinstance(v, bool) or v == "warn"),
                                         help="torch's deterministic algorithms")
     default_root_dir: str | None = setting("${paths.output_dir}", help="the run folder")
-
-
-# ---- callbacks and loggers --------------------------------------------------------------------------------------
-@dataclass
-class ModelCheckpointSchema:
-    _target_: str = "lightning.pytorch.callbacks.ModelCheckpoint"
-    dirpath: str = setting("${paths.output_dir}/checkpoints", help="where checkpoints go")
-    filename: str = setting("step{step:07d}", help="the name of a kept checkpoint")
-    monitor: str | None = setting("val/loss", help="the metric that ranks checkpoints; null: the latest")
-    mode: str = setting("min", bound=one_of("min", "max", words="min or max"), help="lower or higher is better")
-    save_top_k: int = setting(1, bound=Bound("-1 (all) or an integer >= 0", lambda v: is_int(v) and v >= -1),
-                              help="best checkpoints kept")
-    save_last: bool | str | None = setting(
-        True, bound=Bound("true, false, null or link", lambda v: v is None or isinstance(v, bool) or v == "link"),
-        help="also keep last.ckpt")
-    every_n_train_steps: int | None = setting(None, bound=optional(COUNT),
-                                              help="also save every N optimizer steps (null: at each validation)")
-    auto_insert_metric_name: bool = setting(False, help="Lightning's")
-
-
-@dataclass
-class LearningRateMonitorSchema:
-    _target_: str = "lightning.pytorch.callbacks.LearningRateMonitor"
-    logging_interval: str | None = setting("step", bound=one_of(None, "step", "epoch", words="step, epoch or null"),
-                                           help="when the LR is logged")
-
-
-@dataclass
-class ThroughputMonitorSchema:
-    _target_: str = "lightning.pytorch.callbacks.ThroughputMonitor"
-    batch_size_fn: Any = setting(factory=lambda: {"_target_": "xl.lit.batch_rows", "_partial_": True},
-                                 help="rows of a batch")
-    length_fn: Any = setting(factory=lambda: {"_target_": "xl.lit.batch_tokens", "_partial_": True},
-                             help="tokens of a batch: throughput in tokens/s")
-
-
-@dataclass
-class ProgressBarSchema:
-    _target_: str = "lightning.pytorch.callbacks.TQDMProgressBar"
-    refresh_rate: int = setting(10, bound=COUNT, help="steps between updates; 0: off")
-
-
-@dataclass
-class PreemptionSchema:
-    _target_: str = "xl.callbacks.PreemptionCheckpoint"
-    dirpath: str = setting("${paths.output_dir}/checkpoints", help="where SIGTERM's checkpoint goes")
-
-
-@dataclass
-class JobSummarySchema:
-    _target_: str = "xl.callbacks.JobSummary"
-    path: str = setting("${paths.output_dir}/results.json", help="the run's results")
-
-
-# The callbacks group is a mapping (so that ``~callbacks.X`` removes one); each known entry has its schema.
-CALLBACKS = {"model_checkpoint": ModelCheckpointSchema, "lr_monitor": LearningRateMonitorSchema,
-             "throughput": ThroughputMonitorSchema, "progress_bar": ProgressBarSchema,
-             "preemption": PreemptionSchema, "job_summary": JobSummarySchema}
-
-
-@dataclass
-class WandbSchema:
-    _target_: str = "lightning.pytorch.loggers.WandbLogger"
-    project: str = setting("xl", help="the W&B project")
-    save_dir: str = setting("${paths.output_dir}", help="the run folder")
-    offline: bool = setting(True, help="true: no account or network needed; wandb sync uploads later")
-    name: str | None = setting(None, help="null: run_name, else the overrides")
-    group: str | None = setting(None, help="null: the sweep folder under -m")
-    id: str | None = setting(None, help="null: the run folder's own (its file wandb_id): a resume continues that run")
-    tags: list[str] = setting("${tags}", help="the run's tags")
-    log_model: bool | str = setting(False, help="upload checkpoints")
-
-
-@dataclass
-class CSVLoggerSchema:
-    _target_: str = "lightning.pytorch.loggers.CSVLogger"
-    save_dir: str = setting("${paths.output_dir}", help="the run folder")
-    name: str = setting("csv", help="the subfolder")
-    version: int | str | None = setting("", help="Lightning's")
-
-
-@dataclass
-class TensorBoardSchema:
-    _target_: str = "lightning.pytorch.loggers.TensorBoardLogger"
-    save_dir: str = setting("${paths.output_dir}", help="the run folder")
-    name: str = setting("tensorboard", help="the subfolder")
-    version: int | str | None = setting("", help="Lightning's")
-
-
-LOGGERS = {"wandb": WandbSchema, "csv": CSVLoggerSchema, "tensorboard": TensorBoardSchema}
 
 
 # ---- the primary configs --------------------------------------------------------------------------------------------
@@ -367,28 +280,53 @@ class EvaluateSchema:
     tags: list[str] = setting(factory=list, help="its tags")
 
 
+@dataclass
+class GenerateSchema:
+    """``conf/generate.yaml`` (``python -m xl.generate``)."""
+
+    ckpt: str = setting(MISSING, help="a run folder (its checkpoints/last.ckpt), or a .ckpt file")
+    data: Any = setting(MISSING)
+    paths: PathsSchema = setting(factory=PathsSchema)
+    prompt: str = setting("", help="the text to continue; quote it for Hydra inside the shell's quotes")
+    warmup: str | None = setting(None, help="a text file read before the prompt to fill the memory (not printed)")
+    warmup_text: str | None = setting(None, help="or the warm-up text itself")
+    max_new_tokens: int = setting(200, bound=COUNT, help="tokens sampled")
+    temperature: float = setting(1.0, bound=at_least(0, "a finite number"), help="0: greedy")
+    top_k: int = setting(0, bound=COUNT, help="sample among the k likeliest tokens; 0: off")
+    top_p: float = setting(1.0, bound=Bound("a number in (0, 1]", lambda v: is_number(v) and 0 < v <= 1),
+                           help="sample within the smallest set of tokens that holds this mass; 1.0: off")
+    seed: int = setting(1234, help="seeds the sampling")
+    mem_len: int | None = setting(None, bound=optional(COUNT), help="the memory each new token attends over; null: "
+                                  "the checkpoint's (without memory: its training segment length minus one)")
+    clamp_len: int | None = setting(None, bound=CLAMP_OR_NULL, help="null: the checkpoint's")
+    same_length: bool | None = setting(None, help="null: the checkpoint's")
+    seg_len: int = setting(128, bound=POSITIVE, help="segment length for reading the warm-up and the prompt")
+
+
+# Registered at the top level, not in the groups, so that no schema is an option of its group (``model=schema``) or
+# listed in ``--help``: each option file names its schema with an absolute path, ``/model_schema@_here_``.
 SCHEMAS: dict[str, Any] = {
-    "model/schema": ModelSchema,
-    "memory/schema": MemorySchema,
-    "data/schema": SourceDataSchema,
-    "data/files_schema": FilesDataSchema,
-    "optim/schema": OptimSchema,
-    "trainer/schema": TrainerSchema,
-    "callbacks/schema": CALLBACKS,
-    **{f"logger/{name}_schema": {name: schema} for name, schema in LOGGERS.items()},
+    "model_schema": ModelSchema,
+    "memory_schema": MemorySchema,
+    "data_schema": SourceDataSchema,
+    "data_files_schema": FilesDataSchema,
+    "optim_schema": OptimSchema,
+    "trainer_schema": TrainerSchema,
+    "callbacks_schema": CALLBACKS,
+    **{f"logger_{name}_schema": {name: schema} for name, schema in LOGGERS.items()},
     "train_schema": TrainSchema,
     "evaluate_schema": EvaluateSchema,
+    "generate_schema": GenerateSchema,
 }
 
 
 def register() -> None:
     """Store every schema in Hydra's ConfigStore (idempotent)."""
     store = ConfigStore.instance()
-    for path, node in SCHEMAS.items():
-        group, _, name = path.rpartition("/")
+    for name, node in SCHEMAS.items():
         if isinstance(node, dict):
             node = {key: OmegaConf.structured(schema) for key, schema in node.items()}
-        store.store(name=name, node=node, group=group or None, provider="xl")
+        store.store(name=name, node=node, provider="xl")
 
 
 register()

@@ -11,7 +11,12 @@ that holds them), so that bits per byte count the real bytes and charge the spel
 is no such file. A cache is built in
 a private temporary folder (the fitted vocabulary and the ids it gave, together) and renamed into place only when
 complete, ``meta.json`` included, so a crash, a full disk or two processes building at once never leave a cache
-that a later run trusts.
+that a later run trusts (:mod:`xl.data.workspace`: the temporary folders of killed builds are swept away).
+
+``meta.json`` records the size of every other file of the folder. Each open compares them, parses the tokenizer and
+checks that the vocabulary, the dtypes and the token counts agree with the record (a few ``stat`` calls and the
+arrays' headers: nothing is read in full, nothing is tokenised again); a folder that fails is damaged, and is
+rebuilt with one line that names it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import tempfile
 import time
 from collections import Counter
@@ -34,10 +38,12 @@ import numpy as np
 from xl.data.errors import DataError
 from xl.data.sources import SPLITS, Source, documents
 from xl.data.tokenizers import Tokenizer, tokenizer_from_dict
+from xl.data.workspace import discard, publish, sweep, workspace
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 3  # 2: document start offsets per split; 3: the positions' bytes of a split with <unk>
+# 2: document start offsets per split; 3: the positions' bytes of a split with <unk>; 4: every file's size
+CACHE_FORMAT = 4
 TOP_UNKNOWN = 20
 BATCH_CHARS = 16 << 20  # text handed to one (parallel) encode_batch call
 
@@ -76,19 +82,42 @@ def bytes_dtype(largest: int) -> np.dtype:
     return np.dtype(np.uint8 if largest <= 0xFF else np.uint16 if largest <= 0xFFFF else np.uint32)
 
 
+class Damaged(Exception):
+    """A cache folder whose files disagree with its ``meta.json``; the message says how, in words."""
+
+
 def build_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Fit ``tokenizer`` on the train split and write every split's ids, unless a complete cache exists."""
+    """Fit ``tokenizer`` on the train split and write every split's ids, unless an intact cache exists."""
+    return open_cache(source, tokenizer, cache_dir).folder
+
+
+def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLike | None = None) -> TokenCache:
+    """Build the cache if needed (or rebuild a damaged one), then memory-map it; the returned tokenizer is the fitted
+    one from disk.
+
+    A folder whose recorded source or tokenizer settings are not this run's (a copied cache) is refused.
+    """
     folder = cache_folder(source, tokenizer, cache_dir)
+    sweep(folder.parent)
     if (folder / "meta.json").is_file():
-        return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
-    try:
+        try:
+            return _read(folder, source, tokenizer)
+        except Damaged as err:
+            log.warning("the token cache %s is damaged (%s); rebuilding it", folder, err)
+            try:
+                discard(folder)
+            except OSError as cause:  # a cache folder this process may not change
+                raise DataError(f"the token cache {folder} is damaged ({err}) and cannot be moved away "
+                                f"({cause.strerror or cause}); delete that folder or set data.cache_dir to another "
+                                "folder") from None
+    with workspace(folder) as work:
         _build(source, tokenizer, work)
-        _publish(work, folder)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return folder
+        publish(work, folder, "meta.json")
+    try:
+        return _read(folder, source, tokenizer)
+    except Damaged as err:
+        raise DataError(f"the token cache {folder} does not read back right after it was built ({err}); check the "
+                        "disk that holds it, or set data.cache_dir to another folder") from None
 
 
 def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
@@ -124,9 +153,10 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
                          "unknown": sum(unknown.values()), "unknown_top": unknown.most_common(TOP_UNKNOWN),
                          "documents": int(starts.size), "empty_documents": empty}
     _write_atomic(folder / "tokenizer.json", lambda f: f.write(json.dumps(tokenizer.to_dict()).encode()))
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if not p.name.startswith(".")}
     meta = {"format": CACHE_FORMAT, "source": source.identity(), "tokenizer": tokenizer.key(),
             "unit": tokenizer.unit, "vocab_size": tokenizer.vocab_size, "dtype": dtype.name, "splits": splits,
-            "fit_seconds": round(fit_seconds, 3), "encode_seconds": round(encode_seconds, 3),
+            "files": files, "fit_seconds": round(fit_seconds, 3), "encode_seconds": round(encode_seconds, 3),
             "build_seconds": round(time.perf_counter() - start, 3)}
     _write_atomic(folder / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
 
@@ -184,36 +214,74 @@ def encode_documents(source: Source, split: str, tokenizer: Tokenizer,
     return ids, np.asarray(starts, dtype=np.int64), empty, n_bytes, position_bytes
 
 
-def _publish(work: Path, folder: Path) -> None:
-    """Rename the finished ``work`` folder to ``folder``; a complete cache another process published first wins,
-    an incomplete one (left by a crash) is replaced."""
-    if folder.exists() and not (folder / "meta.json").is_file():
-        shutil.rmtree(folder)
-    try:
-        os.rename(work, folder)
-    except OSError:
-        if not (folder / "meta.json").is_file():
-            raise
-
-
-def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLike | None = None) -> TokenCache:
-    """Build the cache if needed, then memory-map it; the returned tokenizer is the fitted one from disk.
-
-    A folder whose recorded source or tokenizer settings are not this run's (a copied or edited cache) is refused.
-    """
-    folder = build_cache(source, tokenizer, cache_dir)
-    meta = json.loads((folder / "meta.json").read_text())
-    fitted = tokenizer_from_dict(json.loads((folder / "tokenizer.json").read_text()))
+def _read(folder: Path, source: Source, tokenizer: Tokenizer) -> TokenCache:
+    """Open a complete folder: :class:`Damaged` where its files disagree with ``meta.json`` (sizes, vocabulary,
+    dtypes, token counts), :class:`DataError` where it was built with other settings than this run's."""
+    meta = _json(folder, "meta.json")
+    fitted = _tokenizer(folder)
     found = (meta.get("format"), meta.get("source"), meta.get("tokenizer"), fitted.key())
     if found != (CACHE_FORMAT, source.identity(), tokenizer.key(), tokenizer.key()):
         raise DataError(f"the token cache {folder} was built with other settings ({fitted.key()} on "
                         f"{meta.get('source')}) than this run's ({tokenizer.key()} on {source.identity()}); delete "
                         "that folder or set data.cache_dir to another folder")
-    splits = {split: np.load(folder / f"{split}.npy", mmap_mode="r") for split in SPLITS}
-    docs = {split: np.load(folder / f"{split}.docs.npy", mmap_mode="r") for split in SPLITS}
-    target_bytes = {split: np.load(folder / f"{split}.bytes.npy", mmap_mode="r") for split in SPLITS
-                    if (folder / f"{split}.bytes.npy").is_file()}
-    return TokenCache(folder, fitted, splits, meta, docs, target_bytes)
+    files, splits = meta.get("files"), meta.get("splits")
+    if not isinstance(files, dict) or not isinstance(splits, dict) or set(splits) != set(SPLITS):
+        raise Damaged("meta.json lacks the record of its files and splits")
+    for name in ["tokenizer.json", *(f"{split}{kind}.npy" for split in SPLITS for kind in ("", ".docs"))]:
+        if name not in files:
+            raise Damaged(f"meta.json does not record {name}")
+    for name, size in files.items():
+        try:
+            actual = (folder / name).stat().st_size
+        except FileNotFoundError:
+            raise Damaged(f"{name} is missing") from None
+        if actual != size:
+            raise Damaged(f"{name} is {actual:,} bytes, meta.json records {size:,}")
+    if fitted.vocab_size != meta.get("vocab_size"):
+        raise Damaged(f"meta.json records vocab_size {meta.get('vocab_size')!r}, tokenizer.json holds "
+                      f"{fitted.vocab_size}")
+    ids, docs, target_bytes = {}, {}, {}
+    for split in SPLITS:
+        info = splits[split] if isinstance(splits[split], dict) else {}
+        ids[split] = _array(folder, f"{split}.npy", info.get("tokens"), meta.get("dtype"))
+        docs[split] = _array(folder, f"{split}.docs.npy", info.get("documents"), "int64")
+        if f"{split}.bytes.npy" in files:
+            target_bytes[split] = _array(folder, f"{split}.bytes.npy", info.get("tokens"))
+    return TokenCache(folder, fitted, ids, meta, docs, target_bytes)
+
+
+def _json(folder: Path, name: str) -> dict[str, Any]:
+    try:
+        value = json.loads((folder / name).read_text())
+    except FileNotFoundError:
+        raise Damaged(f"{name} is missing") from None
+    except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise Damaged(f"{name} cannot be read: {err}") from None
+    if not isinstance(value, dict):
+        raise Damaged(f"{name} does not hold a mapping")
+    return value
+
+
+def _tokenizer(folder: Path) -> Tokenizer:
+    values = _json(folder, "tokenizer.json")
+    try:
+        return tokenizer_from_dict(values)
+    except (KeyError, TypeError, ValueError) as err:
+        raise Damaged(f"tokenizer.json does not describe a tokenizer ({type(err).__name__}: {err})") from None
+
+
+def _array(folder: Path, name: str, length: Any, dtype: str | None = None) -> np.ndarray:
+    """The memory-mapped array ``name``, which must hold ``length`` values (of ``dtype``, where given)."""
+    try:
+        array = np.load(folder / name, mmap_mode="r")
+    except FileNotFoundError:
+        raise Damaged(f"{name} is missing") from None
+    except (OSError, ValueError, EOFError) as err:
+        raise Damaged(f"{name} cannot be read: {err}") from None
+    if array.ndim != 1 or array.size != length or (dtype is not None and array.dtype.name != dtype):
+        raise Damaged(f"{name} holds {array.size:,} values of {array.dtype.name}, meta.json records {length!r}"
+                      + (f" of {dtype}" if dtype else ""))
+    return array
 
 
 def _checked_texts(source: Source, split: str, tokenizer: Tokenizer) -> Iterator[str]:

@@ -16,7 +16,7 @@ from typing import Any
 import lightning
 import torch
 
-from xl.data.cache import TokenCache, build_cache, open_cache
+from xl.data.cache import TokenCache, open_cache
 from xl.data.errors import DataError
 from xl.data.sources import SPLITS, SeparatedSource, Source, TextFilesSource
 from xl.data.stream import SegmentLoader
@@ -75,7 +75,8 @@ class SegmentDataModule(lightning.LightningDataModule):
         return make_tokenizer(self.tokenizer_name, self.tokenizer_file, **self.tokenizer_kwargs)
 
     def prepare_data(self) -> None:
-        build_cache(self.source, self._new_tokenizer(), self.cache_dir)
+        """Tokenise into the cache, or check the cache that exists (a damaged one is rebuilt), and keep it open."""
+        self._cache = open_cache(self.source, self._new_tokenizer(), self.cache_dir)
 
     @property
     def cache(self) -> TokenCache:

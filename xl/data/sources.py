@@ -19,6 +19,8 @@ import os
 import re
 import sys
 import sysconfig
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,8 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 CHUNK_BYTES = 8 << 20
 EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idle_test"})
-OFFLINE_HINT = "download the files elsewhere and use data=text data.train=PATH data.val=PATH data.test=PATH"
+LOCAL_HINT = "download the files elsewhere and use data=text data.train=PATH data.val=PATH data.test=PATH"
+REACH_SECONDS = 5  # the hub's one reachability check; datasets itself retries for about 23 s
 
 
 class Source(Protocol):
@@ -248,12 +251,27 @@ def offline() -> bool:
     return any(flag.upper() in {"1", "ON", "YES", "TRUE"} for flag in flags)
 
 
+def hub_unreachable() -> str | None:
+    """Why the hub's endpoint (``HF_ENDPOINT``, as huggingface_hub reads it) does not answer within REACH_SECONDS,
+    or None when it answers (with any HTTP status). One request, through the proxies the environment names."""
+    from huggingface_hub import constants
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(constants.ENDPOINT, method="HEAD"), timeout=REACH_SECONDS)
+    except urllib.error.HTTPError:  # an answer: the hub is there
+        return None
+    except (OSError, ValueError) as err:  # URLError, a timeout, a malformed endpoint
+        return str(getattr(err, "reason", None) or err)
+    return None
+
+
 class HubSource:
     """A paper benchmark from the Hugging Face hub: wikitext-103, wikitext-2, enwik8 or text8.
 
     Each dataset row is one line (wikitext) or one whole split (enwik8, text8). enwik8 has one 100M-byte row
-    that is cut like the Transformer-XL scripts do: the last 10M bytes become 5M val + 5M test. Offline, or
-    when the hub cannot be reached, it fails at once with a hint to use local files instead.
+    that is cut like the Transformer-XL scripts do: the last 10M bytes become 5M val + 5M test. Offline
+    (``HF_DATASETS_OFFLINE=1``) it reads the copy in datasets' cache; when the hub cannot be reached, or offline
+    without a cached copy, it fails at once with one sentence saying what to do.
     """
 
     def __init__(self, name: str) -> None:
@@ -270,15 +288,26 @@ class HubSource:
         return f"data.source.name={self.name} ({split} split)"
 
     def _load(self, hub_split: str) -> datasets.Dataset:
-        if offline():
-            raise DataError(f"{self.name} cannot be fetched: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set; {OFFLINE_HINT}")
+        """The split from datasets' cache or the hub. Offline (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE) datasets reads
+        its cache only; otherwise the hub is checked once first, so that no network fails at once."""
+        flagged = offline()
+        if not flagged and (reason := hub_unreachable()) is not None:
+            from huggingface_hub import constants
+
+            raise DataError(f"{self.name} cannot be fetched: the hub ({constants.ENDPOINT}) cannot be reached "
+                            f"({reason}); set HF_DATASETS_OFFLINE=1 to read a copy already in the datasets cache, "
+                            f"or {LOCAL_HINT}")
         import datasets
 
         try:
             return datasets.load_dataset(self.benchmark.path, self.benchmark.config, split=hub_split)
-        except Exception as e:  # an unreachable hub surfaces as ConnectionError, httpx or hub errors alike
+        except Exception as e:  # a missing copy or a failing hub: ConnectionError, httpx or hub errors alike
+            if flagged:
+                raise DataError(f"{self.name} is not in the datasets cache and HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is "
+                                f"set ({type(e).__name__}: {e}); point HF_HOME at a datasets cache that holds it, or "
+                                f"{LOCAL_HINT}") from e
             raise DataError(f"{self.name} could not be loaded from the hub ({type(e).__name__}: {e}); "
-                            f"{OFFLINE_HINT}") from e
+                            f"{LOCAL_HINT}") from e
 
     def texts(self, split: str) -> Iterator[str]:
         if self.benchmark.carve:
