@@ -462,9 +462,10 @@ def test_a_checkpoint_monitor_that_no_metric_matches_is_refused_before_training(
     assert_nothing_written(tmp_path, cache_too=True)
 
 
-@pytest.mark.parametrize("tokenizer,metrics", [("char", "val/bpc"), ("word", "val/ppl"), ("bpe", "val/ppl")])
+@pytest.mark.parametrize("tokenizer,metrics", [("char", ["val/bpc", "val/unk_share"]),
+                                               ("word", ["val/ppl", "val/unk_share"]), ("bpe", ["val/ppl"])])
 def test_the_monitor_may_be_any_metric_the_run_logs(tokenizer, metrics, tmp_path, corpus):
-    for monitor in ("val/loss", "val/bpb", "train/loss", metrics):
+    for monitor in ("val/loss", "val/bpb", "train/loss", *metrics):
         cfg = compose_config(*tiny_overrides(tmp_path, corpus), f"data.tokenizer={tokenizer}",
                              f"callbacks.model_checkpoint.monitor={monitor}")
         xl.build.check_settings(cfg)

@@ -69,7 +69,9 @@ def logged_metrics(tokenizer: str) -> list[str]:
     from xl.metrics import LMMetrics
 
     metrics, target = LMMetrics(TOKENIZERS[tokenizer].unit), torch.zeros(1, 1, dtype=torch.long)
-    metrics.set_token_bytes(torch.ones(1, dtype=torch.long), 1)
+    # A tokenizer that can meet text its vocabulary lacks (char, word: <unk>) also logs the share of bytes spelled.
+    has_unk = hasattr(TOKENIZERS[tokenizer], "unknown_bytes")
+    metrics.set_token_bytes(torch.ones(1, dtype=torch.long), 1, 0 if has_unk else None)
     return [name for stage in ("val", "train") for name in metrics.update(stage, torch.zeros(()), target)]
 
 
