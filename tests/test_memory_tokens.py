@@ -180,6 +180,30 @@ def test_gradients_through_k_segments_equal_the_hand_unrolled_reference(mem_len)
         torch.testing.assert_close(ours[name], p.grad, rtol=1e-8, atol=1e-10, msg=name)
 
 
+@pytest.mark.parametrize("mem_len", [0, 6])
+def test_the_next_segments_loss_reaches_the_write_token_inputs_only_inside_a_window(mem_len):
+    """d loss(t+1) / d (segment t's inputs at its write positions): non-zero when segment t's memory stays in the
+    graph (a window of k = 2), absent when it is detached (k = 1). Its read and text positions get one too, through
+    the write tokens that attend to them (and the attached cache)."""
+    n = 2
+    grads = {}
+    for attached in (True, False):
+        model = token_model(mem_len, n=n).train()
+        tokens = random_tokens(2, 2 * SEG + 1, seed=4)
+        captured = []
+        handle = model.layers[0].register_forward_pre_hook(lambda module, args, kept=captured: kept.append(args[0]))
+        first = model(tokens[:, :SEG], None, tokens[:, 1:SEG + 1], detach_memory=not attached)
+        captured[0].retain_grad()
+        second = model(tokens[:, SEG:2 * SEG], first.mems, tokens[:, SEG + 1:])
+        handle.remove()
+        second.loss.backward()
+        grads[attached] = captured[0].grad
+    write = grads[True][:, n + SEG:]
+    assert write.shape == (2, n, TINY["d_model"]) and (write.abs().sum(-1) > 0).all()
+    assert (grads[True][:, :n + SEG].abs().sum(-1) > 0).all()
+    assert grads[False] is None  # nothing of segment t is in the graph of segment t+1's loss
+
+
 def test_a_detached_memory_gives_the_write_tokens_no_gradient():
     model = token_model(0).train()
     tokens = random_tokens(2, 2 * SEG + 1, seed=4)
