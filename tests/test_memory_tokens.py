@@ -350,6 +350,27 @@ def test_windows_of_k_segments_train_through_lightning(tmp_path, corpus):
     assert "num_tokens" in columns([results])
 
 
+def test_a_window_keeps_the_written_memory_attached_until_its_last_segment(tmp_path, corpus):
+    """Through a real Trainer (memory=tokens as configured, k = 2): the memory written by a window's first segment is
+    in the graph when the next segment reads it, the one its last segment writes is detached."""
+
+    class Attached(L.Callback):
+        def __init__(self) -> None:
+            self.seen: list[tuple[bool, bool]] = []
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            *cache, tokens = module.memory.mems["train"]
+            self.seen.append((tokens.requires_grad, cache[0].requires_grad))
+
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), "memory=tokens", "trainer.max_steps=3",
+                         "trainer.val_check_interval=6")
+    run = build_run(cfg)
+    attached = Attached()
+    run.trainer.callbacks.append(attached)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert attached.seen == [(True, True), (False, False)] * 3
+
+
 def test_generate_and_evaluate_commands_on_a_memory_token_checkpoint(tmp_path, corpus, monkeypatch, capsys):
     """Memory tokens alone (mem_len=0): xl.generate decodes with no cache, as the model trained, and its samples are
     those of the decoder API; xl.evaluate scores the checkpoint with a cache it never had (eval_mem_len) and refuses
