@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--out", type=Path, default=Path("outputs/probe"))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (a tiny model runs best on one)")
-    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. model.n_layer=3")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, before the options (--mem-lens and "
+                        "--distances take every number after them), e.g. model.n_layer=3 seed=1")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.time()
