@@ -143,6 +143,57 @@ def test_activation_estimate_bounds_what_autograd_saves(shape, batch, tgt_len, m
     assert saved <= estimate <= 2.5 * saved, (saved, estimate)
 
 
+WINDOW_SHAPES = {
+    "cache": dict(vocab_size=256, n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, dropout=0.1, mem_len=16),
+    "tokens on the cache": dict(vocab_size=256, n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, dropout=0.1,
+                                mem_len=16, num_tokens=3, tokens_seg_len=8),
+    "tokens alone": dict(vocab_size=256, n_layer=3, n_head=4, d_model=32, d_head=8, d_inner=64, dropout=0.1,
+                         dropatt=0.1, mem_len=0, num_tokens=2, tokens_seg_len=8),
+}
+
+
+@pytest.mark.parametrize("memory", list(WINDOW_SHAPES))
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_activation_estimate_bounds_the_peak_of_real_windows_of_k_segments(memory, k):
+    """A Lightning fit with memory.grad_segments=k: the most bytes autograd held saved at once (a window's k segments,
+    joined by the attached memory, until its backward) is at most the estimate, and the estimate at most 2.5 times
+    it."""
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from tests.test_tbptt import SavedBytesPeak, stream_segments
+    from xl.lit import XLLitModule
+
+    shape, batch, tgt_len = WINDOW_SHAPES[memory], 4, 8
+    L.seed_everything(0, verbose=False)
+    peak = SavedBytesPeak()
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        num_sanity_val_steps=0, callbacks=[peak])
+    trainer.fit(XLLitModule(model=shape, grad_segments=k),
+                DataLoader(stream_segments(batch, tgt_len, 2 + 2 * k, 256), batch_size=None))
+    estimate = 4 * activation_elements(XLConfig(**shape), batch, tgt_len, shape["mem_len"], grad_segments=k)
+    assert peak.peak <= estimate <= 2.5 * peak.peak, (peak.peak, estimate)
+
+
+def test_the_run_estimate_and_its_fit_check_count_the_window(capsys):
+    """python -m xl.footprint --run memory=tokens memory.grad_segments=K: the activations grow with K, as the run's
+    estimate (what train.py checks) does."""
+    from xl.config import compose
+    from xl.footprint import run_estimate
+
+    activations = [run_estimate(compose("config", ["memory=tokens", f"memory.grad_segments={k}"]))[0].activations
+                   for k in (1, 2, 8)]
+    config = XLConfig(vocab_size=256, n_layer=4, n_head=4, d_model=256, d_head=64, d_inner=1024, mem_len=128,
+                      num_tokens=4, tokens_seg_len=32)
+    one = 4 * activation_elements(config, 16, 32, 128)
+    per_segment = 4 * activation_elements(config, 16, 32, 128, grad_segments=2) - one
+    assert activations == [one, one + per_segment, one + 7 * per_segment]
+    main(["--run", "memory=tokens", "memory.grad_segments=8"])
+    (line,) = [row for row in capsys.readouterr().out.splitlines() if row.startswith("one training step")]
+    assert f"{activations[2] / GiB:.3f} GiB" in line
+
+
 def test_largest_part_and_description():
     fp = RunFootprint(train_memory=3 * GiB, eval_memory=GiB, parameters=2 * GiB, activations=0)
     assert fp.total == 6 * GiB and fp.largest() == "train_memory"

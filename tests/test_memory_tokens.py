@@ -180,6 +180,30 @@ def test_gradients_through_k_segments_equal_the_hand_unrolled_reference(mem_len)
         torch.testing.assert_close(ours[name], p.grad, rtol=1e-8, atol=1e-10, msg=name)
 
 
+@pytest.mark.parametrize("mem_len", [0, 6])
+def test_the_next_segments_loss_reaches_the_write_token_inputs_only_inside_a_window(mem_len):
+    """d loss(t+1) / d (segment t's inputs at its write positions): non-zero when segment t's memory stays in the
+    graph (a window of k = 2), absent when it is detached (k = 1). Its read and text positions get one too, through
+    the write tokens that attend to them (and the attached cache)."""
+    n = 2
+    grads = {}
+    for attached in (True, False):
+        model = token_model(mem_len, n=n).train()
+        tokens = random_tokens(2, 2 * SEG + 1, seed=4)
+        captured = []
+        handle = model.layers[0].register_forward_pre_hook(lambda module, args, kept=captured: kept.append(args[0]))
+        first = model(tokens[:, :SEG], None, tokens[:, 1:SEG + 1], detach_memory=not attached)
+        captured[0].retain_grad()
+        second = model(tokens[:, SEG:2 * SEG], first.mems, tokens[:, SEG + 1:])
+        handle.remove()
+        second.loss.backward()
+        grads[attached] = captured[0].grad
+    write = grads[True][:, n + SEG:]
+    assert write.shape == (2, n, TINY["d_model"]) and (write.abs().sum(-1) > 0).all()
+    assert (grads[True][:, :n + SEG].abs().sum(-1) > 0).all()
+    assert grads[False] is None  # nothing of segment t is in the graph of segment t+1's loss
+
+
 def test_a_detached_memory_gives_the_write_tokens_no_gradient():
     model = token_model(0).train()
     tokens = random_tokens(2, 2 * SEG + 1, seed=4)
@@ -324,6 +348,27 @@ def test_windows_of_k_segments_train_through_lightning(tmp_path, corpus):
     results = json.loads((tmp_path / "run" / "results.json").read_text())  # the job summary, a sweep's row
     assert (results["num_tokens"], results["mem_len"], results["grad_segments"]) == (4, 0, 2)
     assert "num_tokens" in columns([results])
+
+
+def test_a_window_keeps_the_written_memory_attached_until_its_last_segment(tmp_path, corpus):
+    """Through a real Trainer (memory=tokens as configured, k = 2): the memory written by a window's first segment is
+    in the graph when the next segment reads it, the one its last segment writes is detached."""
+
+    class Attached(L.Callback):
+        def __init__(self) -> None:
+            self.seen: list[tuple[bool, bool]] = []
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            *cache, tokens = module.memory.mems["train"]
+            self.seen.append((tokens.requires_grad, cache[0].requires_grad))
+
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), "memory=tokens", "trainer.max_steps=3",
+                         "trainer.val_check_interval=6")
+    run = build_run(cfg)
+    attached = Attached()
+    run.trainer.callbacks.append(attached)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert attached.seen == [(True, True), (False, False)] * 3
 
 
 def test_generate_and_evaluate_commands_on_a_memory_token_checkpoint(tmp_path, corpus, monkeypatch, capsys):

@@ -72,3 +72,16 @@ def test_scorer_counts_hits_per_distance():
     constant = recall_accuracy(Oracle(rows, False), rows, seg_len=32, mem_len=0)
     rate = sum(h for h, _ in constant.values()) / sum(t for _, t in constant.values())
     assert 0.0 < rate < 0.15
+
+
+def test_the_probe_trains_with_the_users_memory_settings(tmp_path):
+    """The documented memory-token probe (data.source.gap=400 memory=tokens): the run it builds keeps the user's gap
+    and trains memory tokens through windows of two segments, as conf/memory/tokens.yaml sets."""
+    from xl.build import build_run
+    from xl.probe import probe_config
+
+    cfg = probe_config(32, 32, [4, 16], 10, tmp_path, ["data.source.gap=400", "memory=tokens"])
+    assert (cfg.data.source.gap, cfg.memory.mem_len, cfg.memory.num_tokens, cfg.memory.grad_segments) == (400, 32, 4, 2)
+    assert probe_config(32, 64, [4], 10, tmp_path).data.source.gap == 2 * 64 + 32  # beyond a relayed reach
+    module = build_run(cfg).module
+    assert module.grad_segments == 2 and module.config.num_tokens == 4 and module.config.mem_len == 32

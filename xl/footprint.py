@@ -9,18 +9,23 @@ The cache is exact: one tensor per layer holds that layer's input for the last `
   values that evaluation carries with it, ``2 × eval_mem_len × n_head × d_head × n_layer × eval batch``; the last
   validation's stays allocated while training goes on;
 * parameters, gradients and AdamW's two moments: four copies of the weights;
-* activations kept for the backward pass of one training step, with ``K = mem_len + cmem_len + tgt_len`` keys per
-  query, per layer: the attention probabilities and the position scores, ``2 × B × H × L × K`` (one more with
-  attention dropout, its mask); keys and values over memory ∘ segment, ``2 × B × K × H × D``; content and
-  position queries, ``2 × B × L × H × D``; the feed-forward hidden layer, ``2 × B × L × d_inner``; six
-  ``B × L × d_model`` tensors (layer input, attention output, norms, residual sums). Once per step: one more
-  ``B × H × L × K`` for the gradient of one layer's scores in the backward pass, and the output layer,
-  ``2 × B × L × V`` (log-probabilities and their gradient). With adaptive input and softmax, V is the head's
-  ``cutoffs[0] + tail clusters`` plus the widest tail cluster (each tail scores only the positions whose target
-  falls in it: this is the worst case), and each cluster adds ``B × L × d_model`` tensors for its lookup,
-  projection and selected states. tests/test_footprint.py measures what autograd saves with saved-tensor
-  hooks: the estimate is at least that and at most 2.5 times it. Activations are counted in float32 under
-  the mixed precisions, an upper estimate.
+* activations kept for the backward pass of one training step. Per segment, with ``L`` the positions the layers
+  run over (the segment and any positions the memory adds: memory tokens) and ``K`` keys per query (the memory's
+  keys, ``mem_len + cmem_len`` for the cache, and ``L``), per layer: the attention probabilities and the position
+  scores, ``2 × B × H × L × K`` (one more with attention dropout, its mask); keys and values over memory ∘ segment,
+  ``2 × B × K × H × D``; content and position queries, ``2 × B × L × H × D``; the feed-forward hidden layer,
+  ``2 × B × L × d_inner``; six ``B × L × d_model`` tensors (layer input, attention output, norms, residual sums);
+  the memory's ``M`` states, ``B × M × d_model`` (twice with pre-LN), the input of their key/value projection;
+  and the output layer's log-probabilities, ``B × T × V`` over the segment's ``T`` tokens. With
+  ``memory.grad_segments`` k a step is a window of k segments whose graphs stay joined through the attached memory
+  until its backward, so k segments' worth is kept. Once per step, the backward's transients: one more
+  ``B × H × L × K`` for the gradient of one layer's scores, and ``B × T × V`` for the gradient of the
+  log-probabilities. With adaptive input and softmax, V is the head's ``cutoffs[0] + tail clusters`` plus the
+  widest tail cluster (each tail scores only the positions whose target falls in it: this is the worst case), and
+  each cluster adds ``B × T × d_model`` tensors for its lookup, projection and selected states.
+  tests/test_footprint.py measures what autograd saves with saved-tensor hooks, for one segment and through real
+  windows of 1, 2 and 4 segments: the estimate is at least that and at most 2.5 times it. Activations are counted
+  in float32 under the mixed precisions, an upper estimate.
 
 It leaves out the allocator's slack, the CUDA context and library workspaces, so a run estimated near the
 device's memory may still not fit: :func:`xl.rules.check_fits` warns above 80% and refuses above 100%.
@@ -110,15 +115,19 @@ def memory_bytes(config: XLConfig, mem_len: int, batch_size: int, dtype: torch.d
     return vectors * config.d_model * batch_size * torch.empty((), dtype=dtype).element_size()
 
 
-def activation_elements(config: XLConfig, batch: int, tgt_len: int, mem_len: int) -> int:
-    """Elements autograd keeps for one training step, plus the backward's transients (the module docstring)."""
+def activation_elements(config: XLConfig, batch: int, tgt_len: int, mem_len: int, grad_segments: int = 1) -> int:
+    """Elements autograd keeps for one training step, a window of ``grad_segments`` segments, plus the backward's
+    transients (the module docstring)."""
     memory = memory_for(config)
     # Positions a layer runs over (the segment and any the memory adds to it), and the keys each of them sees.
     B, L, H, D, d = batch, memory.segment_positions(tgt_len), config.n_head, config.d_head, config.d_model
-    K = memory.keys(mem_len, tgt_len) + L
+    M = memory.keys(mem_len, tgt_len)
+    K = M + L
     scores = B * H * L * K
+    # The memory's states, kept as the input of their key/value projection (normed too with pre-LN).
+    states = (2 if config.pre_lnorm else 1) * B * M * d
     per_layer = ((3 if config.dropatt else 2) * scores + 2 * B * K * H * D + 2 * B * L * H * D
-                 + 2 * B * L * config.d_inner + 6 * B * L * d)
+                 + 2 * B * L * config.d_inner + 6 * B * L * d + states)
     outputs, adaptive = config.vocab_size, 0
     if config.cutoffs:
         bounds = [0, *config.cutoffs, config.vocab_size]
@@ -127,12 +136,15 @@ def activation_elements(config: XLConfig, batch: int, tgt_len: int, mem_len: int
         # and projection, and each tail's selected hidden states.
         outputs = config.cutoffs[0] + tails + max(hi - lo for lo, hi in zip(bounds[1:], bounds[2:], strict=False))
         adaptive = (2 * (tails + 1) + tails) * B * tgt_len * d
-    return config.n_layer * per_layer + scores + 2 * B * tgt_len * outputs + adaptive
+    per_segment = config.n_layer * per_layer + B * tgt_len * outputs + adaptive
+    transients = scores + B * tgt_len * outputs
+    return grad_segments * per_segment + transients
 
 
 def run_footprint(config: XLConfig, *, batch_size: int, tgt_len: int, eval_batch_size: int, eval_mem_len: int,
-                  precision: str = "32-true") -> RunFootprint:
-    """The estimate of the module docstring for a training run of ``config`` (its ``mem_len`` trains)."""
+                  precision: str = "32-true", grad_segments: int = 1) -> RunFootprint:
+    """The estimate of the module docstring for a training run of ``config`` (its ``mem_len`` trains) with windows
+    of ``grad_segments`` segments."""
     weight_bytes, act_bytes = PRECISION_BYTES[precision]
     state_dtype = {8: torch.float64, 4: torch.float32, 2: torch.bfloat16}[weight_bytes]
     mem_dtype = config.memory_dtype(state_dtype)
@@ -145,7 +157,7 @@ def run_footprint(config: XLConfig, *, batch_size: int, tgt_len: int, eval_batch
         train_memory=train,
         eval_memory=eval_states + eval_kv,
         parameters=4 * count_parameters(config) * weight_bytes,
-        activations=activation_elements(config, batch_size, tgt_len, c.mem_len) * act_bytes,
+        activations=activation_elements(config, batch_size, tgt_len, c.mem_len, grad_segments) * act_bytes,
     )
 
 
@@ -225,7 +237,7 @@ def run_estimate(cfg: Any, vocab_size: int | None = None) -> tuple[RunFootprint,
     precision = str(cfg.trainer.precision)
     footprint = run_footprint(config, batch_size=data.batch_size, tgt_len=data.tgt_len, eval_batch_size=eval_batch,
                               eval_mem_len=eval_mem_len, precision=precision if precision in PRECISION_BYTES
-                              else "32-true")
+                              else "32-true", grad_segments=memory.grad_segments)
     return footprint, processes_per_device(cfg)
 
 

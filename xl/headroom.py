@@ -22,7 +22,7 @@ GiB = 2**30
 SETTINGS = {"train_memory": "memory.mem_len or data.batch_size",
             "eval_memory": "memory.eval_mem_len or data.eval_batch_size",
             "parameters": "the model (model.n_layer, model.d_model, model.d_inner)",
-            "activations": "data.tgt_len, data.batch_size or memory.mem_len"}
+            "activations": "data.tgt_len, data.batch_size, memory.mem_len or memory.grad_segments"}
 NAMES = {"train_memory": "training memory", "eval_memory": "evaluation memory and its keys/values",
          "parameters": "weights, gradients and AdamW state", "activations": "one training step's activations"}
 SIZE_GROUPS = ("model", "memory", "data")  # the groups whose integer settings size the run

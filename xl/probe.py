@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,6 +84,19 @@ def recall_accuracy(model: torch.nn.Module, rows: np.ndarray, seg_len: int, mem_
     return counts
 
 
+def probe_config(mem_len: int, largest: int, distances: Sequence[int], steps: int, out_dir: Path,
+                 overrides: Sequence[str] = ()) -> Any:
+    """The composed config of the probe's run for one memory length (``largest``: the largest memory length probed,
+    which sets the gap between episodes unless ``overrides`` set ``data.source.gap``; the overrides come last)."""
+    base = ["data=recall", *PROBE_MODEL, "logger=none", "test=false", f"memory.mem_len={mem_len}",
+            f"memory.eval_mem_len={mem_len}", f"data.source.distances=[{','.join(map(str, distances))}]",
+            f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
+            f"paths.output_dir={out_dir / f'mem{mem_len}'}"]
+    shape = compose("config", [*base, *overrides])
+    return compose("config", [*base, f"data.source.gap={shape.model.n_layer * largest + shape.data.tgt_len}",
+                              *overrides])
+
+
 def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out_dir: Path,
               overrides: Sequence[str] = ()) -> tuple[dict[int, dict[int, float]], int, int]:
     """Train one tiny model per memory length on the recall stream, then measure accuracy against d.
@@ -97,13 +111,8 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
     results: dict[int, dict[int, float]] = {}
     seg_len = n_layer = 0
     for mem_len in mem_lens:
-        base = ["data=recall", *PROBE_MODEL, "logger=none", "test=false", f"memory.mem_len={mem_len}",
-                f"memory.eval_mem_len={mem_len}", f"data.source.distances=[{','.join(map(str, distances))}]",
-                f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
-                f"paths.output_dir={out_dir / f'mem{mem_len}'}"]
-        shape = compose("config", [*base, *overrides])
-        seg_len, n_layer = shape.data.tgt_len, shape.model.n_layer
-        cfg = compose("config", [*base, f"data.source.gap={n_layer * max(mem_lens) + seg_len}", *overrides])
+        cfg = probe_config(mem_len, max(mem_lens), distances, steps, out_dir, overrides)
+        seg_len, n_layer = cfg.data.tgt_len, cfg.model.n_layer
         start = time.time()
         run = build_run(cfg)
         try:
@@ -164,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--out", type=Path, default=Path("outputs/probe"))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (a tiny model runs best on one)")
-    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. model.n_layer=3")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, before the options (--mem-lens and "
+                        "--distances take every number after them), e.g. model.n_layer=3 seed=1")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.time()

@@ -1,5 +1,7 @@
-"""Memory tokens: the Recurrent Memory Transformer (Bulatov, Kuratov and Burtsev, NeurIPS 2022), in the decoder-only
-form that their LM-RMT puts on Transformer-XL, optionally on top of the Transformer-XL cache.
+"""Memory tokens: the Recurrent Memory Transformer (Bulatov, Kuratov and Burtsev, NeurIPS 2022) in its decoder-only
+form, optionally on top of the Transformer-XL cache. The authors' LM-RMT code puts the tokens on Transformer-XL with
+another layout (its read and write tokens see only their own block, and its cache takes them in);
+docs/memory-tokens.md lists every difference.
 
 A segment of ``L`` text tokens gets ``n = num_tokens`` memory tokens at each end; the layers run over
 
