@@ -367,6 +367,17 @@ class EvaluateSchema:
     tags: list[str] = setting(factory=list, help="its tags")
 
 
+@dataclass
+class ExportSchema:
+    """``conf/export.yaml`` (``python -m xl.export``)."""
+
+    ckpt: str = setting(MISSING, help="a run folder (its checkpoints/last.ckpt) or a .ckpt file")
+    out: str = setting(MISSING, help="the folder to write: model.safetensors, config.json, the tokenizer, README.md")
+    push: str | None = setting(None, help="also push it to this hub repository (org/name)")
+    private: bool = setting(False, help="with push: a repository it creates is private")
+    data: Any = setting(MISSING)
+
+
 SCHEMAS: dict[str, Any] = {
     "model/schema": ModelSchema,
     "memory/schema": MemorySchema,
@@ -378,6 +389,7 @@ SCHEMAS: dict[str, Any] = {
     **{f"logger/{name}_schema": {name: schema} for name, schema in LOGGERS.items()},
     "train_schema": TrainSchema,
     "evaluate_schema": EvaluateSchema,
+    "export_schema": ExportSchema,
 }
 
 

@@ -1,17 +1,20 @@
-"""Convert a published Transformer-XL (Hugging Face layout) into a run folder of this project.
+"""Convert a published Transformer-XL (Hugging Face layout), or a model this project shared, into a run folder.
 
 ``python -m xl.convert SRC OUT``: SRC is a local folder holding ``config.json``, ``model.safetensors`` or
 ``pytorch_model.bin`` and ``vocab.pkl`` or ``vocab.bin``, or a hub id (``transfo-xl/transfo-xl-wt103``) fetched with
-``huggingface_hub`` where a network exists. OUT becomes a run folder that ``xl.evaluate``, ``xl.generate``,
-``train.py init_from=…`` and :class:`xl.checkpoint.Checkpoint` read like one of ours::
+``huggingface_hub`` where a network exists; or a folder or hub id that ``python -m xl.export`` (or
+:meth:`xl.hub.PretrainedXL.save_pretrained`) wrote, read by :meth:`xl.hub.PretrainedXL.from_pretrained`. OUT becomes
+a run folder (:mod:`xl.run_folder`) that ``xl.evaluate``, ``xl.generate``, ``train.py init_from=…`` and
+:class:`xl.checkpoint.Checkpoint` read like one of ours::
 
     OUT/checkpoints/last.ckpt   the model config, the weights, the vocabulary's fingerprint and text, provenance
     OUT/vocab.json              the word vocabulary (data.tokenizer=word data.tokenizer_file=OUT/vocab.json)
 
-Nothing in the source runs: weights are read by the ``safetensors`` library or with ``torch.load(weights_only=True)``,
-and the vocabulary pickle by a reader that builds plain data and refuses anything else (:mod:`xl.convert.vocab`,
-:mod:`xl.convert.plain_pickle`). config.json reads as transformers 4 reads it; the mapping and its refusals are in
-:mod:`xl.convert.weights`. OUT is written in a temporary folder and renamed into place when complete.
+(a shared model's run folder holds its own tokenizer file, if it has one). Nothing in the source runs: weights are
+read by the ``safetensors`` library or with ``torch.load(weights_only=True)``, and the vocabulary pickle by a reader
+that builds plain data and refuses anything else (:mod:`xl.convert.vocab`, :mod:`xl.convert.plain_pickle`).
+config.json reads as transformers 4 reads it; the mapping and its refusals are in :mod:`xl.convert.weights`. OUT is
+written in a temporary folder and renamed into place when complete.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from xl.convert.vocab import VocabularyError, vocabulary_from_pickle
 from xl.convert.weights import ConversionError, check_fits, convert_weights, model_config, read_config, read_weights
 from xl.data.tokenizers import fingerprint
 from xl.data.words import WordTokenizer, read_vocabulary
-from xl.hub import HubError, PretrainedXL, data_settings, is_pretrained_config
+from xl.hub import PretrainedXL
+from xl.hub.access import HubError
+from xl.hub.files import data_settings, is_pretrained_config
 from xl.run_folder import RunFolderError, check_new_folder, run_state, sha256, write_run_folder
 
 __all__ = ["ConversionError", "HubError", "RunFolderError", "VocabularyError", "convert"]

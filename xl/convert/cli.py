@@ -11,7 +11,7 @@ from xl.convert import convert
 from xl.convert.fetch import FetchError
 from xl.convert.vocab import VocabularyError
 from xl.convert.weights import ConversionError
-from xl.hub import HubError
+from xl.hub.access import HubError
 from xl.run_folder import RunFolderError
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xl.hub import CONFIG, HubError, check_hub, is_pretrained_config, locate
+from xl.hub.access import HubError, check_hub, locate
+from xl.hub.files import CONFIG, is_pretrained_config
 
 HUB_FILES = (CONFIG, ("model.safetensors", "pytorch_model.bin"), ("vocab.pkl", "vocab.bin"))
 
@@ -24,7 +25,7 @@ def fetch(src: str) -> tuple[Path, str]:
     config.json this project wrote (:func:`xl.hub.is_pretrained_config`), only config.json is fetched here:
     :meth:`xl.hub.PretrainedXL.from_pretrained` fetches the rest."""
     try:
-        path = locate(src, "SRC", "transfo-xl/transfo-xl-wt103")
+        path = locate(src, f"SRC={src}", "transfo-xl/transfo-xl-wt103")
         if path is not None:
             return path, f"folder {path.resolve()}"
         check_hub(f"SRC={src}", by_hand(src))
