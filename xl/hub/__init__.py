@@ -45,6 +45,17 @@ from xl.model import TransformerXL, XLConfig
 from xl.run_folder import run_state, sha256, write_run_folder
 
 
+def model_file(model_id: str, name: str, **hub: Any) -> Path:
+    """The file ``name`` of a saved model: in its folder, or fetched from the hub (huggingface_hub's cache;
+    ``hub``: hf_hub_download's arguments)."""
+    if os.path.isdir(model_id):
+        path = Path(model_id) / name
+        if not path.is_file():
+            raise HubError(f"{model_id} has no {name}; give a folder that save_pretrained wrote")
+        return path
+    return Path(hf_hub_download(model_id, name, **hub))
+
+
 class PretrainedXL(TransformerXL, PyTorchModelHubMixin):
     """A :class:`~xl.model.TransformerXL` with its ``tokenizer`` and ``about`` (config.json's evaluation context
     and training record), saved, loaded and pushed through huggingface_hub's ``PyTorchModelHubMixin``; ``files``:
@@ -111,12 +122,13 @@ class PretrainedXL(TransformerXL, PyTorchModelHubMixin):
         ``kwargs`` are huggingface_hub's (``revision``, ``cache_dir``, ``token``, ``local_files_only``, ...)."""
         src = str(pretrained_model_name_or_path)
         folder = locate(src)
-        if folder is not None and not (folder / CONFIG).is_file():
-            raise HubError(f"{folder} has no {CONFIG}; give a folder that save_pretrained wrote")
         if folder is None and not kwargs.get("local_files_only"):
             check_hub(src, f"download its files from {constants.ENDPOINT}/{src}/tree/main into one folder and "
                            "load that folder")
+        hub = {k: kwargs[k] for k in ("revision", "cache_dir", "force_download", "token", "local_files_only")
+               if k in kwargs}
         try:
+            read_config(model_file(src, CONFIG, **hub), src)  # refused here, before the mixin reads it
             return super().from_pretrained(src, **kwargs)
         except HUB_ERRORS as err:
             raise HubError(f"{src} cannot be loaded from the hub ({hub_failure(err)})") from None
@@ -127,13 +139,8 @@ class PretrainedXL(TransformerXL, PyTorchModelHubMixin):
                          config: Any = None) -> PretrainedXL:
         # ``config`` is the mixin's reading of config.json: read here again, checked, from the same file.
         def file(name: str) -> Path:
-            if os.path.isdir(model_id):
-                path = Path(model_id) / name
-                if not path.is_file():
-                    raise HubError(f"{model_id} has no {name}; give a folder that save_pretrained wrote")
-                return path
-            return Path(hf_hub_download(model_id, name, revision=revision, cache_dir=cache_dir, token=token,
-                                        force_download=force_download, local_files_only=local_files_only))
+            return model_file(model_id, name, revision=revision, cache_dir=cache_dir, token=token,
+                              force_download=force_download, local_files_only=local_files_only)
 
         values, config = read_config(file(CONFIG), model_id)
         model = cls(config)
