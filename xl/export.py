@@ -6,8 +6,8 @@ repository once written. ``ckpt``: a run folder (its ``checkpoints/last.ckpt``) 
 is the run's (its data settings are read from the run folder; ``data=...`` names others). A push that cannot succeed
 (``HF_HUB_OFFLINE`` set, the hub out of reach, no valid repository id) is refused before anything is written.
 
-``PretrainedXL.from_pretrained(FOLDER or "org/name")`` loads it in Python; ``python -m xl.convert FOLDER START``
-makes a run folder that ``python train.py init_from=START`` fine-tunes (docs/sharing.md). Example::
+``PretrainedXL.from_pretrained(FOLDER or "org/name")`` loads it in Python; xl.convert turns it into a run folder
+that train.py's ``init_from`` fine-tunes (docs/sharing.md). Example::
 
     python -m xl.export ckpt=RUN out=shared
 """
