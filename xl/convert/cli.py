@@ -1,5 +1,5 @@
 """The command line of ``python -m xl.convert SRC OUT``: a published Transformer-XL (Hugging Face layout, a folder
-or a hub id), or a model that ``python -m xl.export`` saved, into a run folder that xl.evaluate, xl.generate and
+or a hub id), or a model that xl.export saved, into a run folder that xl.evaluate, xl.generate and
 ``train.py init_from=OUT`` read (:mod:`xl.convert`)."""
 
 from __future__ import annotations
