@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from tests.conftest import CONF_DIR
 from xl.build import build_datamodule, build_trainer
 from xl.checkpoint import Checkpoint
-from xl.convert import ConversionError, convert
+from xl.convert import ConversionError, RunFolderError, convert
 from xl.convert.cli import main as convert_main
 from xl.convert.fetch import FetchError
 from xl.convert.weights import model_config, read_safetensors, transformers_config
@@ -210,7 +210,7 @@ def test_shared_biases_and_untied_projections_map_too(tmp_path):
     source = edited_source(tmp_path, untie_r=False, tie_projs=[False, False, False, False])
     (source / "model.safetensors").unlink()
     torch.save(state, source / "pytorch_model.bin")
-    weights = Checkpoint.open(convert(source, tmp_path / "out")).model_weights()
+    weights = Checkpoint.open(convert(source, tmp_path / "out")[0]).model_weights()
     for layer in range(2):
         assert torch.equal(weights[f"layers.{layer}.attn.r_w_bias"], state["transformer.r_w_bias"])
     assert torch.equal(weights["head.projs.2.weight"], state["crit.out_projs.2"])
@@ -247,7 +247,7 @@ def test_a_hub_id_offline_says_what_to_fetch_and_where(tmp_path, monkeypatch):
         convert_main([str(tmp_path / "a" / "nowhere"), str(tmp_path / "out")])
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("")
-    with pytest.raises(ConversionError, match=r"OUT=.* exists and is not empty"):
+    with pytest.raises(RunFolderError, match=r"OUT=.* exists and is not empty"):
         convert(FIXTURE, tmp_path / "full")
 
 

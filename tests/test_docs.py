@@ -48,7 +48,7 @@ BASH = shutil.which("bash") or "/bin/bash"
 CI_COMMAND = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
 
 # Hydra entry points and the config each composes (for commands that are only composed).
-HYDRA_CONFIGS = {"train.py": "config", "xl.evaluate": "evaluate", "xl.generate": "generate"}
+HYDRA_CONFIGS = {"train.py": "config", "xl.evaluate": "evaluate", "xl.generate": "generate", "xl.export": "export"}
 
 # Commands shown but not run here, each with the reason (keys: the command as shlex reads it, comments dropped).
 SKIP = {
@@ -88,6 +88,8 @@ SKIP = {
     "python -m xl.bench.port --rounds 10": "needs transformers 4.30.2 (its own environment)",
     "python -m xl.evaluate": "named in prose by xl/bench/evalspeed.py, not an example (it needs ckpt=)",
     "python -m xl.convert": "named in prose by docstrings, not an example (it needs SRC and OUT)",
+    # sharing a model (docs/sharing.md)
+    "python -m xl.export ckpt=RUN out=shared push=org/name": "pushes to the Hugging Face hub: a network and an account",
 }
 
 # Appended to a command of each entry point: a tiny model, two steps, a few batches, one thread.
@@ -101,6 +103,7 @@ SCALE = {
     "xl.probe": ["--steps", "2", "--distances", "4", "16"],
     "xl.footprint": [],
     "xl.convert": [],
+    "xl.export": [],
     "xl.config_reference": [],
     "xl.bench": ["--steps", "1", "--warmup", "0", "--repeats", "1", "--threads", "1", "--batch", "2",
                  "--tgt-len", "16"],

@@ -303,6 +303,17 @@ class GenerateSchema:
     seg_len: int = setting(128, bound=POSITIVE, help="segment length for reading the warm-up and the prompt")
 
 
+@dataclass
+class ExportSchema:
+    """``conf/export.yaml`` (``python -m xl.export``)."""
+
+    ckpt: str = setting(MISSING, help="a run folder (its checkpoints/last.ckpt) or a .ckpt file")
+    out: str = setting(MISSING, help="the folder to write: model.safetensors, config.json, the tokenizer, README.md")
+    push: str | None = setting(None, help="also push it to this hub repository (org/name)")
+    private: bool = setting(False, help="with push: a repository it creates is private")
+    data: Any = setting(MISSING)
+
+
 # Registered at the top level, not in the groups, so that no schema is an option of its group (``model=schema``) or
 # listed in ``--help``: each option file names its schema with an absolute path, ``/model_schema@_here_``.
 SCHEMAS: dict[str, Any] = {
@@ -317,6 +328,7 @@ SCHEMAS: dict[str, Any] = {
     "train_schema": TrainSchema,
     "evaluate_schema": EvaluateSchema,
     "generate_schema": GenerateSchema,
+    "export_schema": ExportSchema,
 }
 
 

@@ -1,38 +1,42 @@
-"""Convert a published Transformer-XL (Hugging Face layout) into a run folder of this project.
+"""Convert a published Transformer-XL (Hugging Face layout), or a model this project shared, into a run folder.
 
 ``python -m xl.convert SRC OUT``: SRC is a local folder holding ``config.json``, ``model.safetensors`` or
 ``pytorch_model.bin`` and ``vocab.pkl`` or ``vocab.bin``, or a hub id (``transfo-xl/transfo-xl-wt103``) fetched with
-``huggingface_hub`` where a network exists. OUT becomes a run folder that ``xl.evaluate``, ``xl.generate``,
-``train.py init_from=…`` and :class:`xl.checkpoint.Checkpoint` read like one of ours::
+``huggingface_hub`` where a network exists; or a folder or hub id that xl.export (or
+:meth:`xl.hub.PretrainedXL.save_pretrained`) wrote, read by :meth:`xl.hub.PretrainedXL.from_pretrained`. OUT becomes
+a run folder (:mod:`xl.run_folder`) that ``xl.evaluate``, ``xl.generate``, ``train.py init_from=…`` and
+:class:`xl.checkpoint.Checkpoint` read like one of ours::
 
     OUT/checkpoints/last.ckpt   the model config, the weights, the vocabulary's fingerprint and text, provenance
     OUT/vocab.json              the word vocabulary (data.tokenizer=word data.tokenizer_file=OUT/vocab.json)
 
-Nothing in the source runs: weights are read by the ``safetensors`` library or with ``torch.load(weights_only=True)``,
-and the vocabulary pickle by a reader that builds plain data and refuses anything else (:mod:`xl.convert.vocab`,
-:mod:`xl.convert.plain_pickle`). config.json reads as transformers 4 reads it; the mapping and its refusals are in
-:mod:`xl.convert.weights`. OUT is written in a temporary folder and renamed into place when complete.
+(a shared model's run folder holds its own tokenizer file, if it has one). Nothing in the source runs: weights are
+read by the ``safetensors`` library or with ``torch.load(weights_only=True)``, and the vocabulary pickle by a reader
+that builds plain data and refuses anything else (:mod:`xl.convert.vocab`, :mod:`xl.convert.plain_pickle`).
+config.json reads as transformers 4 reads it; the mapping and its refusals are in :mod:`xl.convert.weights`. OUT is
+written in a temporary folder and renamed into place when complete.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
-import tempfile
+import shlex
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from xl.checkpoint import XL_KEY
 from xl.convert.fetch import fetch
 from xl.convert.vocab import VocabularyError, vocabulary_from_pickle
 from xl.convert.weights import ConversionError, check_fits, convert_weights, model_config, read_config, read_weights
 from xl.data.tokenizers import fingerprint
 from xl.data.words import WordTokenizer, read_vocabulary
+from xl.hub import PretrainedXL
+from xl.hub.access import HubError
+from xl.hub.files import data_settings, is_pretrained_config
+from xl.run_folder import RunFolderError, check_new_folder, run_state, sha256, write_run_folder
 
-__all__ = ["ConversionError", "VocabularyError", "convert"]
+__all__ = ["ConversionError", "HubError", "RunFolderError", "VocabularyError", "convert"]
 
 
 def find_vocabulary(folder: Path) -> Path:
@@ -42,41 +46,27 @@ def find_vocabulary(folder: Path) -> Path:
     raise ConversionError(f"{folder} has neither vocab.pkl nor vocab.bin (the word vocabulary)")
 
 
-def sha256(path: Path) -> str:
-    """The file's SHA-256, read in pieces (a published model's weights take a gigabyte)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for piece in iter(lambda: f.read(2**24), b""):
-            digest.update(piece)
-    return digest.hexdigest()
-
-
 def checkpoint_state(values: dict[str, Any], weights: dict[str, torch.Tensor], vocab_text: str,
                      provenance: dict[str, Any]) -> dict[str, Any]:
-    """What train.py's checkpoints hold that evaluation, generation and init_from read: the weights under the
-    Lightning module's ``model.`` prefix, and this project's record (model config, tokenizer fingerprint), with the
-    source's own evaluation context (memory, clamp_len, same_length) as the evaluation defaults."""
+    """The run folder's checkpoint (:func:`xl.run_folder.run_state`): the word tokenizer of the vocabulary, whose
+    text the record keeps, and the source's own evaluation context (memory, clamp_len, same_length) as the
+    evaluation defaults."""
     tokenizer = WordTokenizer(vocabulary=read_vocabulary(vocab_text, "the converted vocabulary"))
-    return {
-        "state_dict": {f"model.{k}": v for k, v in weights.items()},
-        "global_step": 0,
-        "epoch": 0,
-        "hyper_parameters": {"model": values, "unit": "word", "eval_mem_len": values["mem_len"],
-                             "eval_clamp_len": values["clamp_len"], "eval_same_length": values["same_length"]},
-        XL_KEY: {"model_config": values, "tokenizer": fingerprint(tokenizer), "vocabulary": vocab_text,
-                 "converted_from": provenance},
-    }
+    evaluation = {k: values[k] for k in ("mem_len", "clamp_len", "same_length")}
+    return run_state(values, weights, "word", fingerprint(tokenizer), evaluation, provenance, vocabulary=vocab_text)
 
 
-def convert(src: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Convert SRC (a folder or a hub id) into the run folder OUT; returns the checkpoint's path."""
-    out = Path(out).expanduser()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConversionError(f"OUT={out} exists and is not empty; remove it or give another folder")
+def convert(src: str | os.PathLike, out: str | os.PathLike) -> tuple[Path, str]:
+    """Convert SRC (a folder or a hub id) into the run folder OUT; returns the checkpoint's path and the data
+    settings that read text with the model's tokenizer."""
+    out = check_new_folder(out)
     folder, origin = fetch(str(src))
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ConversionError(f"{folder} has no config.json; SRC must be a Hugging Face Transformer-XL folder")
+    if is_pretrained_config(config_path):  # a model that xl saved (xl.hub)
+        model = PretrainedXL.from_pretrained(str(src))
+        return model.to_run(out, origin), data_settings(model.tokenizer, out)
     hf = read_config(config_path)
     values = model_config(hf)  # refuses unsupported options before the weights are read
     vocab_path = find_vocabulary(folder)
@@ -91,18 +81,5 @@ def convert(src: str | os.PathLike, out: str | os.PathLike) -> Path:
     provenance = {"source": origin, "files": {f.name: sha256(f) for f in files},
                   "vocabulary": summary}
     state = checkpoint_state(values, weights, vocab_text, provenance)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(work, 0o777 & ~umask)  # a folder like any other, not mkdtemp's private one
-    try:
-        (work / "checkpoints").mkdir()
-        torch.save(state, work / "checkpoints" / "last.ckpt")
-        (work / "vocab.json").write_text(vocab_text, encoding="utf-8")
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.rename(work, out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return out / "checkpoints" / "last.ckpt"
+    ckpt = write_run_folder(out, state, {"vocab.json": vocab_text.encode("utf-8")})
+    return ckpt, shlex.join(["data.tokenizer=word", f"data.tokenizer_file={out / 'vocab.json'}"])

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
-from urllib.parse import urlparse
 
-HUB_FILES = ("config.json", ("model.safetensors", "pytorch_model.bin"), ("vocab.pkl", "vocab.bin"))
+from xl.hub.access import HubError, check_hub, locate
+from xl.hub.files import CONFIG, is_pretrained_config
+
+HUB_FILES = (CONFIG, ("model.safetensors", "pytorch_model.bin"), ("vocab.pkl", "vocab.bin"))
 
 
 class FetchError(ValueError):
@@ -15,27 +15,23 @@ class FetchError(ValueError):
 
 
 def by_hand(repo: str) -> str:
-    return (f"download config.json, pytorch_model.bin (or model.safetensors) and vocab.pkl (or vocab.bin) from "
-            f"https://huggingface.co/{repo}/tree/main into one folder, and give that folder as SRC")
+    return (f"download config.json, pytorch_model.bin (or model.safetensors) and vocab.pkl (or vocab.bin) (for a "
+            f"model that xl saved, all its files) from https://huggingface.co/{repo}/tree/main into one folder, and "
+            "give that folder as SRC")
 
 
 def fetch(src: str) -> tuple[Path, str]:
-    """The folder holding the source files, and a description of where they came from."""
-    path = Path(src).expanduser()
-    if path.is_dir():
-        return path, f"folder {path.resolve()}"
-    if path.exists() or src.count("/") != 1 or src.startswith((".", "/", "~")):
-        raise FetchError(f"SRC={src} is neither a folder nor a hub id like transfo-xl/transfo-xl-wt103")
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        raise FetchError(f"SRC={src} is a hub id but HF_HUB_OFFLINE is set; {by_hand(src)}")
-    from huggingface_hub import constants, hf_hub_download
-
-    host = urlparse(constants.ENDPOINT)
-    try:  # the hub's client retries an unreachable host for half a minute; say at once that it cannot be reached
-        socket.create_connection((host.hostname, host.port or 443), timeout=10).close()
-    except OSError as err:
-        raise FetchError(f"SRC={src} is a hub id but {host.hostname} cannot be reached ({err}); {by_hand(src)}") \
-            from None
+    """The folder holding the source files, and a description of where they came from. For a hub id whose
+    config.json this project wrote (:func:`xl.hub.is_pretrained_config`), only config.json is fetched here:
+    :meth:`xl.hub.PretrainedXL.from_pretrained` fetches the rest."""
+    try:
+        path = locate(src, f"SRC={src}", "transfo-xl/transfo-xl-wt103")
+        if path is not None:
+            return path, f"folder {path.resolve()}"
+        check_hub(f"SRC={src}", by_hand(src))
+    except HubError as err:
+        raise FetchError(str(err)) from None
+    from huggingface_hub import hf_hub_download
 
     folder = None
     for choices in HUB_FILES:
@@ -48,4 +44,6 @@ def fetch(src: str) -> tuple[Path, str]:
                 errors.append(f"{name}: {type(err).__name__}")
         else:
             raise FetchError(f"SRC={src} could not be fetched from the hub ({'; '.join(errors)}); {by_hand(src)}")
+        if choices == CONFIG and is_pretrained_config(folder / CONFIG):
+            break
     return folder, f"hub {src}"
