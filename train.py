@@ -11,7 +11,6 @@ runs the same command into the same folder, continues from the folder's ``checkp
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import sys
@@ -21,27 +20,24 @@ from pathlib import Path
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.build import build_run, make_datamodule
-from xl.callbacks import Preempted, preempted_message
-from xl.checkpoint import Checkpoint, CheckpointError
-from xl.config import entry_point, exit_on_user_error
+from xl.build import build_run
+from xl.config import ConfigError, entry_point, exit_on_user_error
 from xl.console import errors_logged, quiet_wandb, quiet_warnings
-from xl.lit import NonFiniteError
-from xl.runs import continue_run, describe_corpus, wandb_id
+from xl.runs import continue_run, wandb_id
+from xl.stops import stopping
 
 log = logging.getLogger("train")
 
 
 def prepare_run(cfg: DictConfig) -> None:
-    """A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues from its folder's ``last.ckpt``; the W&B logger
-    gets the folder's W&B id, so every resume logs into the same W&B run."""
+    """A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues from its folder's newest checkpoint; the W&B
+    logger gets the folder's W&B id, so every resume logs into the same W&B run."""
     output_dir = Path(cfg.paths.output_dir)
-    last = output_dir / "checkpoints" / "last.ckpt"
     requeued = int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
     with open_dict(cfg):
-        if requeued and not cfg.get("ckpt_path") and cfg.train and last.is_file():
-            log.info("requeued: continuing from %s", last)
-            cfg.ckpt_path = str(last)
+        if requeued and not cfg.get("ckpt_path") and cfg.train and any((output_dir / "checkpoints").glob("*.ckpt")):
+            log.info("requeued: continuing from %s", output_dir)
+            cfg.ckpt_path = str(output_dir)
         wandb = OmegaConf.select(cfg, "logger.wandb")
         if wandb is not None:
             quiet_wandb(wandb.offline)
@@ -49,64 +45,34 @@ def prepare_run(cfg: DictConfig) -> None:
                 wandb.id = wandb_id(output_dir)
 
 
-def check_resume(cfg: DictConfig) -> None:
-    """A resume continues the checkpoint's corpus up to ``trainer.max_steps`` steps in all: refuse another corpus,
-    or a resume with nothing left to train, in one sentence, before the corpus is read."""
-    checkpoint = Checkpoint.open(cfg.ckpt_path)
-    saved = checkpoint.data_identity
-    if saved is not None:
-        current = make_datamodule(cfg).identity
-        if (saved["source"], saved["tokenizer"]) != (current["source"], current["tokenizer"]):
-            if describe_corpus(saved) == describe_corpus(current) and saved["tokenizer"] == current["tokenizer"]:
-                raise CheckpointError(
-                    f"ckpt_path={cfg.ckpt_path} was trained on {describe_corpus(saved)}, whose files have changed "
-                    "since (size or modification time): a resume reads the corpus it was trained on; restore the "
-                    "files, or train a new run on them")
-            raise CheckpointError(
-                f"ckpt_path={cfg.ckpt_path} was trained on {describe_corpus(saved)} but this run reads "
-                f"{describe_corpus(current)}; resume with the run's data settings (data, data.train/val/test, "
-                "data.tokenizer), or give the run folder so that they are read from it")
-    step, max_steps = checkpoint.global_step or 0, cfg.trainer.max_steps
-    if 0 <= max_steps <= step:
-        raise CheckpointError(
-            f"ckpt_path={cfg.ckpt_path} is at step {step} and trainer.max_steps={max_steps} counts all the run's "
-            f"steps, so nothing is left to train; set trainer.max_steps above {step} to train on")
-
-
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     prepare_run(cfg)
     if cfg.get("ckpt_path"):  # continuing into the run folder: its checkpoints are expected there
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-    if cfg.train and cfg.get("ckpt_path"):
-        check_resume(cfg)
+    if not cfg.train and not cfg.test:
+        raise ConfigError("train=false and test=false leave nothing to do; set test=true to test ckpt_path")
     run = build_run(cfg)  # a bad setting ends the command with one sentence (xl.config.entry_point)
     trainer, module, datamodule = run.trainer, run.module, run.datamodule
-    if cfg.train:
-        try:
+    run_dir = trainer.default_root_dir
+    if cfg.train and not (run.resume and run.resume.finished):
+        with stopping(trainer, run_dir):
             trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
-        except NonFiniteError as err:
-            sys.exit(f"error: {err}")
-        except Preempted as err:
-            sys.exit(preempted_message(err, trainer.default_root_dir))
-        except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            run_dir = trainer.default_root_dir
-            sys.exit(f"error: disk full while training ({err.strerror}); the last complete checkpoint in "
-                     f"{run_dir} is intact; free space and resume with ckpt_path={run_dir}")
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if cfg.test:
         best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        ckpt = best or (None if cfg.train else run.ckpt_path)
-        for results in trainer.test(module, datamodule=datamodule, ckpt_path=ckpt, verbose=False, weights_only=True):
-            metrics.update({k: float(v) for k, v in results.items()})
-    report(trainer, metrics)
+        ckpt = str(run.resume.best_path()) if run.resume and run.resume.finished else best or (
+            None if cfg.train else run.ckpt_path)
+        with stopping(trainer, run_dir):
+            results = trainer.test(module, datamodule=datamodule, ckpt_path=ckpt, verbose=False, weights_only=True)
+        for values in results:
+            metrics.update({k: float(v) for k, v in values.items()})
+    report(trainer, module, metrics)
     return metrics
 
 
-def report(trainer, metrics: dict[str, float]) -> None:
+def report(trainer, module, metrics: dict[str, float]) -> None:
     lines = [f"  {k:<10} {v:.4f}" for k, v in sorted(metrics.items())]
-    params = sum(p.numel() for p in trainer.lightning_module.parameters())
+    params = sum(p.numel() for p in module.parameters())
     lines.append(f"  parameters: {params:,}")
     ckpt = trainer.checkpoint_callback
     if ckpt is not None and ckpt.best_model_path:

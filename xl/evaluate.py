@@ -32,16 +32,16 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from xl.adaptive import widen
-from xl.build import ConfigError, build, build_datamodule, check_device
-from xl.checkpoint import Checkpoint
+from xl.build import ConfigError, build_datamodule, check_device, make_trainer
+from xl.checkpoint import Checkpoint, describe_corpus
 from xl.config import entry_point
-from xl.console import TRAINER_DEFAULTS, errors_logged, quiet_warnings
+from xl.console import errors_logged, quiet_warnings
 from xl.documents import MODES, Documents, DocumentStats, split_batch, summary, target_bytes
 from xl.eval_results import describe, format_table, log_results, record, scored_corpus, write_results
 from xl.lit import XLLitModule
 from xl.model import TransformerXL
 from xl.rules import check_evaluate_config
-from xl.runs import describe_corpus, find_run_folder, use_run_data
+from xl.runs import find_run_folder, use_run_data
 
 log = logging.getLogger("evaluate")
 
@@ -241,7 +241,7 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     note = corpus_note(checkpoint, datamodule, from_run is not None)
     module = build_evaluator(cfg, checkpoint, datamodule)
     del checkpoint  # the weights are in the module now; free the optimizer state before evaluating
-    trainer = build(cfg.trainer, "trainer", logger=False, callbacks=[], **TRAINER_DEFAULTS)
+    trainer = make_trainer(cfg, logger=False, callbacks=[])
     results = {}
     for split in cfg.splits:
         run = {"val": trainer.validate, "test": trainer.test}[split]

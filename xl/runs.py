@@ -101,10 +101,6 @@ def run_setting(folder: str | Path | None, key: str) -> Any:
     return OmegaConf.select(OmegaConf.load(path), key) if path is not None and path.is_file() else None
 
 
-def describe_corpus(identity: dict[str, Any] | None) -> str:
-    return identity.get("corpus", identity.get("source", "?")) if identity else "unknown data"
-
-
 def wandb_id(folder: str | Path) -> str:
     """The W&B run id of the run folder (``<folder>/wandb_id``), made once: every resume and requeue that writes
     into the folder continues that W&B run."""

@@ -217,6 +217,8 @@ class ModelCheckpointSchema:
     every_n_train_steps: int | None = setting(None, bound=optional(COUNT),
                                               help="also save every N optimizer steps (null: at each validation)")
     auto_insert_metric_name: bool = setting(False, help="Lightning's")
+    enable_version_counter: bool = setting(
+        False, help="false: a checkpoint of the same name is replaced, so last.ckpt is always the newest")
 
 
 @dataclass

@@ -1,0 +1,81 @@
+"""Checkpoints survive a cluster's filesystems: a run folder on another filesystem than ``$TMPDIR``, a small
+``$TMPDIR``, a kill or a full disk while ``last.ckpt`` is rewritten (real tmpfs mounts, in a private mount namespace).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def unshare_missing() -> str | None:
+    """Why a private mount namespace with a tmpfs cannot be made here, or None."""
+    if shutil.which("unshare") is None:
+        return "the unshare command is not installed"
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                           capture_output=True, text=True)
+    return None if probe.returncode == 0 else f"unshare -rm cannot mount a tmpfs here: {probe.stderr.strip()}"
+
+
+@pytest.fixture(scope="module")
+def report(corpus, tmp_path_factory) -> dict:
+    """One run of tests/helpers/filesystems.py (every scenario) inside a private mount namespace."""
+    missing = unshare_missing()
+    if missing:
+        pytest.skip(missing)
+    work = tmp_path_factory.mktemp("filesystems")
+    out = work / "report.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        ["unshare", "-rm", sys.executable, "-m", "tests.helpers.filesystems", str(out), str(corpus["train"].parent),
+         str(work)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_a_small_tmpdir_does_not_matter(report):
+    """Lightning's own writer stages every checkpoint in $TMPDIR: on a 64 KiB tmpfs every save failed."""
+    small = report["small_tmpdir"]
+    assert small["error"] is None
+    assert small["step"] == 6 and list(small["checkpoints"]) == ["last.ckpt"]
+    assert small["tmpdir"] == {}, "nothing is staged in $TMPDIR"
+
+
+def test_a_kill_during_the_rewrite_of_last_ckpt_leaves_a_checkpoint_to_resume(report):
+    """The run folder on one filesystem, $TMPDIR on another: SIGKILL the moment the folder changes while last.ckpt
+    is rewritten. A move across filesystems copied into last.ckpt in place and left it truncated; now the previous
+    last.ckpt stays whole until the new one replaces it, and the resume continues from the folder."""
+    kill = report["kill"]
+    assert kill["seen"] is not None, "the kill did not happen during the rewrite"
+    assert kill["step"] in (2, 4), kill  # the checkpoint a resume picks is complete
+    assert kill["tmpdir"] == {}, "no temporary is left in $TMPDIR"
+    assert kill["resume_error"] is None
+    assert kill["resumed"] == {"path": "last.ckpt", "step": 8}
+    assert list(kill["after_resume"]) == ["last.ckpt"], "the temporary the kill left beside it is cleaned"
+
+
+def test_a_full_disk_during_the_rewrite_keeps_the_previous_checkpoint_and_says_so(report):
+    """The run folder's disk fills while last.ckpt is rewritten: the copy in place left it unloadable while the run
+    said the last complete checkpoint was intact; now the partial file goes and the sentence names what is kept."""
+    full = report["full"]
+    assert full["path"] == "last.ckpt" and full["step"] == 2
+    assert list(full["checkpoints"]) == ["last.ckpt"], "the partial file is removed"
+    assert re.fullmatch(r"error: disk full while training \(No space left on device\); the last complete checkpoint, "
+                        r"(\S+)/checkpoints/last.ckpt \(step 2\), is intact; free space and resume with: "
+                        r"python train.py ckpt_path=\1", full["message"]), full["message"]
+
+
+def test_a_full_disk_before_the_first_checkpoint_says_there_is_none(report):
+    first = report["full_first"]
+    assert first["checkpoints"] == {} and "is a folder without checkpoints" in first["error"]
+    assert first["message"] == ("error: disk full while training (No space left on device) before the first "
+                                "complete checkpoint was written; free space and run the command again")
