@@ -26,20 +26,24 @@ def unshare_missing() -> str | None:
     return None if probe.returncode == 0 else f"unshare -rm cannot mount a tmpfs here: {probe.stderr.strip()}"
 
 
-@pytest.fixture(scope="module")
-def report(corpus, tmp_path_factory) -> dict:
-    """One run of tests/helpers/filesystems.py (every scenario) inside a private mount namespace."""
+def run_scenarios(corpus: dict[str, Path], work: Path, *scenarios: str) -> dict:
+    """tests/helpers/filesystems.py inside a private mount namespace: its report, and its standard error."""
     missing = unshare_missing()
     if missing:
         pytest.skip(missing)
-    work = tmp_path_factory.mktemp("filesystems")
     out = work / "report.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         ["unshare", "-rm", sys.executable, "-m", "tests.helpers.filesystems", str(out), str(corpus["train"].parent),
-         str(work)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+         str(work), *scenarios], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text())
+    return {**json.loads(out.read_text()), "stderr": result.stderr}
+
+
+@pytest.fixture(scope="module")
+def report(corpus, tmp_path_factory) -> dict:
+    """One run of the scenarios every test below reads."""
+    return run_scenarios(corpus, tmp_path_factory.mktemp("filesystems"))
 
 
 def test_a_small_tmpdir_does_not_matter(report):
@@ -79,3 +83,16 @@ def test_a_full_disk_before_the_first_checkpoint_says_there_is_none(report):
     assert first["checkpoints"] == {} and "is a folder without checkpoints" in first["error"]
     assert first["message"] == ("error: disk full while training (No space left on device) before the first "
                                 "complete checkpoint was written; free space and run the command again")
+
+
+@pytest.mark.slow
+def test_a_full_disk_with_the_wandb_logger_ends_in_the_sentence_alone(corpus, tmp_path):
+    """W&B's own log file is on the full disk too: its writes failed with a '--- Logging error ---' traceback after
+    the sentence, which claimed a complete checkpoint that did not exist."""
+    report = run_scenarios(corpus, tmp_path, "full_wandb")
+    run = report["full_wandb"]
+    sentence = ("error: disk full while training (No space left on device) before the first complete checkpoint was "
+                "written; free space and run the command again")
+    assert run["message"] == sentence and run["checkpoints"] == {}
+    assert run["log"].rstrip().endswith(sentence), "the sentence is in train.log"
+    assert "Logging error" not in report["stderr"]

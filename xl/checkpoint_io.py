@@ -58,10 +58,15 @@ def save_atomically(state: Any, path: Path) -> None:
     name = path.parent / f".{path.name}.{secrets.token_hex(4)}{PARTIAL}"
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except RuntimeError as err:  # torch reports a failed write as a RuntimeError, the OSError as its context
+            if isinstance(err.__context__, OSError):
+                raise err.__context__ from err
+            raise
         os.replace(name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -112,4 +112,5 @@ def stopping(trainer: L.Trainer, run_dir: str | Path) -> Iterator[None]:
     except OSError as err:
         if err.errno not in FULL:
             raise
+        logging.raiseExceptions = False  # a library's log file on the full disk: no traceback after the sentence
         end(trainer, full_disk_sentence(err, folder))

@@ -1,8 +1,9 @@
 """Checkpoints on filesystems of a cluster's shape, run inside a private mount namespace (``unshare -rm``).
 
-``python -m tests.helpers.filesystems REPORT CORPUS WORK`` mounts small tmpfs filesystems over folders under WORK
-(visible to this process and its children only), trains tiny runs on them and writes what it found to REPORT
-(JSON, on the real disk). Each scenario is a real Trainer run through the project's checkpoint writer:
+``python -m tests.helpers.filesystems REPORT CORPUS WORK [SCENARIO ...]`` mounts small tmpfs filesystems over
+folders under WORK (visible to this process and its children only), trains tiny runs on them and writes what it
+found to REPORT (JSON, on the real disk); without SCENARIOs it runs all but ``full_wandb``. Each scenario is a real
+Trainer run through the project's checkpoint writer:
 
 - ``small_tmpdir``: ``$TMPDIR`` on a 64 KiB tmpfs, the run folder on the disk.
 - ``kill``: the run folder on one tmpfs, ``$TMPDIR`` on another; the training process is killed (SIGKILL) the moment
@@ -10,6 +11,8 @@
 - ``full``: the run folder on a tmpfs that the run fills up while it rewrites ``last.ckpt`` (its second checkpoint
   is a little larger than the first), through ``train.fit_and_test``, whose closing sentence is recorded.
 - ``full_first``: the same, but the disk is full before the first checkpoint.
+- ``full_wandb``: ``python train.py`` with the W&B logger (run in this process) on a disk too small for one
+  checkpoint: its closing sentence and ``train.log``.
 
 A callback pads every checkpoint with a few MiB, so that a rewrite lasts long enough to be seen and interrupted.
 """
@@ -176,16 +179,37 @@ def full(corpus: dict[str, Path], work: Path, fill_at: int) -> dict[str, Any]:
     return {"message": message, "checkpoints": files(run / "checkpoints"), **resumable(run)}
 
 
+def full_wandb(corpus: dict[str, Path], work: Path) -> dict[str, Any]:
+    """``python train.py`` (in this process) with the W&B logger, on a disk too small for the first checkpoint."""
+    import train
+    from tests.conftest import tiny_overrides
+
+    run = mount_tmpfs(work / "full_wandb" / "fs", "350k") / "run"
+    overrides = [o for o in tiny_overrides(work, corpus) if not o.startswith(("paths.output_dir", "logger"))]
+    sys.argv = ["train.py", *overrides, "logger=wandb", f"hydra.run.dir={run}",
+                "callbacks.model_checkpoint.monitor=null", "callbacks.model_checkpoint.every_n_train_steps=2"]
+    message = outcome(train.main)  # the last scenario: Hydra's globals are left as the command leaves them
+    log = run / "train.log"
+    return {"message": message, "log": log.read_text() if log.is_file() else None,
+            "checkpoints": files(run / "checkpoints")}
+
+
 def main() -> None:
     report_path, corpus_dir, work = (Path(a) for a in sys.argv[1:4])
+    chosen = sys.argv[4:]
     corpus = {split: corpus_dir / f"{split}.txt" for split in ("train", "val", "test")}
     torch.set_num_threads(1)
-    start = time.monotonic()
-    report = {"kill": kill(corpus, work)}  # first: the training process is forked before this one trains
-    report["small_tmpdir"] = small_tmpdir(corpus, work)
-    report["full"] = full(corpus, work, fill_at=2)
-    report["full_first"] = full(corpus, work, fill_at=1)
-    report["seconds"] = time.monotonic() - start
+    report, times = {}, {}
+    scenarios = {"kill": lambda: kill(corpus, work),  # first: the training process is forked before this one trains
+                 "small_tmpdir": lambda: small_tmpdir(corpus, work), "full": lambda: full(corpus, work, fill_at=2),
+                 "full_first": lambda: full(corpus, work, fill_at=1), "full_wandb": lambda: full_wandb(corpus, work)}
+    for name, scenario in scenarios.items():
+        if name not in chosen if chosen else name == "full_wandb":
+            continue
+        start = time.monotonic()
+        report[name] = scenario()
+        times[name] = round(time.monotonic() - start, 2)
+    report["seconds"] = times
     report_path.write_text(json.dumps(report, indent=1))
 
 
