@@ -87,7 +87,7 @@ def close_progress_bars(trainer: L.Trainer) -> None:
     the sentence."""
     for callback in trainer.callbacks:
         if isinstance(callback, TQDMProgressBar):
-            for name in ("train_progress_bar", "val_progress_bar", "test_progress_bar"):
+            for name in ("val_progress_bar", "test_progress_bar", "train_progress_bar"):  # the main bar last
                 with contextlib.suppress(TypeError, AttributeError):  # a bar this run never opened
                     getattr(callback, name).close()
 
