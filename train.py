@@ -17,6 +17,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -59,7 +60,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if cfg.test:
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+        best = model_checkpoint(trainer).best_model_path if model_checkpoint(trainer) else ""
         ckpt = str(run.resume.best_path()) if run.resume and run.resume.finished else best or (
             None if cfg.train else run.ckpt_path)
         with stopping(trainer, run_dir):
@@ -70,11 +71,16 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
+def model_checkpoint(trainer) -> ModelCheckpoint | None:
+    """The callbacks group's ModelCheckpoint (``trainer.checkpoint_callback`` may be another Checkpoint callback)."""
+    return next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
+
+
 def report(trainer, module, metrics: dict[str, float]) -> None:
     lines = [f"  {k:<10} {v:.4f}" for k, v in sorted(metrics.items())]
     params = sum(p.numel() for p in module.parameters())
     lines.append(f"  parameters: {params:,}")
-    ckpt = trainer.checkpoint_callback
+    ckpt = model_checkpoint(trainer)
     if ckpt is not None and ckpt.best_model_path:
         lines.append(f"  best checkpoint: {ckpt.best_model_path}")
     if ckpt is not None and ckpt.last_model_path:
@@ -83,9 +89,16 @@ def report(trainer, module, metrics: dict[str, float]) -> None:
     for logger in trainer.loggers if trainer.is_global_zero else []:  # other ranks hold no W&B run
         if isinstance(logger, WandbLogger):
             run = logger.experiment
-            where = f"{Path(run.dir).parent} (upload: wandb sync {Path(run.dir).parent})" if run.offline else run.url
+            where = wandb_upload(Path(run.dir).parent, run.id) if run.offline else run.url
             lines.append(f"  W&B run {run.id}: {where}")
     log.info("results\n%s", "\n".join(lines))
+
+
+def wandb_upload(session: Path, run_id: str) -> str:
+    """Where an offline W&B run is and the command that uploads all of it: each session (the first and every
+    resume) is a folder ``offline-run-<start>-<id>``, and ``wandb sync`` given them all uploads them in order."""
+    sessions = sorted(session.parent.glob(f"offline-run-*-{run_id}*"))
+    return f"{len(sessions)} offline session(s) in {session.parent} (upload: wandb sync {' '.join(map(str, sessions))})"
 
 
 @entry_point("config")

@@ -207,7 +207,11 @@ def make_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None, **kwargs:
 
 
 def build_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None) -> L.Trainer:
+    """The run's Trainer; ``preloaded``: the checkpoint a fit resumes from (its loggers continue from its step)."""
     loggers = build_loggers(cfg)
+    for logger in loggers if preloaded is not None else []:
+        if hasattr(logger, "continue_from"):  # xl.loggers
+            logger.continue_from(preloaded.global_step or 0)
     trainer = make_trainer(cfg, preloaded, logger=loggers or False, callbacks=build_callbacks(cfg, bool(loggers)))
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))

@@ -29,6 +29,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -39,8 +40,11 @@ log = logging.getLogger(__name__)
 FORWARDED = tuple(s for s in (signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
 
 
-class PreemptionCheckpoint(L.Callback):
+class PreemptionCheckpoint(Checkpoint):
     """On SIGTERM/SIGUSR1/SIGINT: finish the step, save ``last.ckpt``, stop (see the module's notes).
+
+    A Lightning ``Checkpoint`` callback, so Lightning runs it after the other callbacks of each hook: the checkpoint
+    it writes at a step holds their state at the end of that step (the job summary's counts included).
 
     After a stop, :attr:`signal_name` names the signal, :attr:`saved_path` the checkpoint it wrote (None when
     nothing was trained since the fit started) and :attr:`stage` where the signal arrived: ``"training"``,

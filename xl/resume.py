@@ -34,6 +34,11 @@ def plain(value: Any) -> Any:
     return list(value) if isinstance(value, (list, tuple)) else value
 
 
+def shown(value: Any) -> Any:
+    """A setting as a command line would give it (1e+10, not 10000000000.0)."""
+    return f"{value:g}" if isinstance(value, float) else value
+
+
 def tested(cfg: DictConfig) -> bool:
     """Whether the run's results.json holds test metrics (the run's test finished)."""
     summary = OmegaConf.select(cfg, "callbacks.job_summary.path")
@@ -79,8 +84,8 @@ class Resume:
             if key in saved and plain(saved[key]) != plain(value):
                 raise CheckpointError(
                     f"ckpt_path={cfg.ckpt_path} continues its optimizer and learning-rate schedule, trained with "
-                    f"optim.{key}={plain(saved[key])}, so optim.{key}={plain(value)} would not be used; remove it, or "
-                    f"start a new run from these weights with init_from={cfg.ckpt_path} optim.{key}={plain(value)}")
+                    f"optim.{key}={shown(plain(saved[key]))}, so optim.{key}={shown(plain(value))} would not be used; "
+                    f"remove it, or start a new run from these weights with init_from={cfg.ckpt_path}")
 
     def check_steps(self, cfg: DictConfig) -> bool:
         """Whether the training is complete (and the test is left); refuse a resume with nothing left to do."""

@@ -263,7 +263,7 @@ CALLBACKS = {"model_checkpoint": ModelCheckpointSchema, "lr_monitor": LearningRa
 
 @dataclass
 class WandbSchema:
-    _target_: str = "lightning.pytorch.loggers.WandbLogger"
+    _target_: str = "xl.loggers.WandbLogger"
     project: str = setting("xl", help="the W&B project")
     save_dir: str = setting("${paths.output_dir}", help="the run folder")
     offline: bool = setting(True, help="true: no account or network needed; wandb sync uploads later")
@@ -276,7 +276,7 @@ class WandbSchema:
 
 @dataclass
 class CSVLoggerSchema:
-    _target_: str = "lightning.pytorch.loggers.CSVLogger"
+    _target_: str = "xl.loggers.CSVLogger"
     save_dir: str = setting("${paths.output_dir}", help="the run folder")
     name: str = setting("csv", help="the subfolder")
     version: int | str | None = setting("", help="Lightning's")

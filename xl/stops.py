@@ -17,6 +17,7 @@ from pathlib import Path
 
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from xl.callbacks import PreemptionCheckpoint
@@ -92,8 +93,20 @@ def close_progress_bars(trainer: L.Trainer) -> None:
                     getattr(callback, name).close()
 
 
-def end(trainer: L.Trainer, sentence: str) -> None:
+def finish_wandb(trainer: L.Trainer, preempted: bool) -> None:
+    """End the W&B run with the command's exit status (1); a stop by a signal is marked preempting first, which W&B
+    records as a preempted run (one to resume), not a failed one."""
+    for logger in trainer.loggers if trainer.is_global_zero else []:
+        if isinstance(logger, WandbLogger):
+            run = logger.experiment
+            if preempted:
+                run.mark_preempting()
+            run.finish(exit_code=1)
+
+
+def end(trainer: L.Trainer, sentence: str, preempted: bool = False) -> None:
     close_progress_bars(trainer)
+    finish_wandb(trainer, preempted)
     to_log_files(f"error: {sentence}")
     raise SystemExit(f"error: {sentence}")
 
@@ -108,7 +121,7 @@ def stopping(trainer: L.Trainer, run_dir: str | Path) -> Iterator[None]:
         end(trainer, nonfinite_sentence(err, folder))
     except SIGTERMException as err:
         callback = next((c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)), None)
-        end(trainer, signal_sentence(callback, err, folder))
+        end(trainer, signal_sentence(callback, err, folder), preempted=True)
     except OSError as err:
         if err.errno not in FULL:
             raise
