@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import compose_config, tiny_overrides
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -96,3 +98,33 @@ def test_a_full_disk_with_the_wandb_logger_ends_in_the_sentence_alone(corpus, tm
     assert run["message"] == sentence and run["checkpoints"] == {}
     assert run["log"].rstrip().endswith(sentence), "the sentence is in train.log"
     assert "Logging error" not in report["stderr"]
+
+
+def test_every_trainer_the_project_builds_writes_through_the_atomic_plugin(tmp_path, corpus):
+    from tests.test_evaluate import compose_eval
+    from xl.build import build_run, make_trainer
+    from xl.checkpoint_io import AtomicCheckpointIO
+
+    run = build_run(compose_config(*tiny_overrides(tmp_path, corpus)))  # train.py and the probe
+    assert isinstance(run.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    cfg = compose_eval("ckpt=unused", "data=text", "trainer.precision=32-true", f"paths.output_dir={tmp_path / 'e'}")
+    evaluation = make_trainer(cfg, logger=False, callbacks=[])  # xl.evaluate's
+    assert isinstance(evaluation.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+def test_a_resume_reads_each_checkpoint_file_once(tmp_path, corpus, monkeypatch):
+    """The resume's checks and Lightning's restore opened the same checkpoint four times; now the state read once
+    serves them all (xl.resume.Resume, handed to Lightning by the plugin)."""
+    import torch
+
+    import train
+
+    common = (*tiny_overrides(tmp_path, corpus), "callbacks.model_checkpoint.monitor=null",
+              "callbacks.model_checkpoint.every_n_train_steps=2", "test=false")
+    train.fit_and_test(compose_config(*common, "trainer.max_steps=4"))
+    loaded, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: loaded.append(str(f)) or load(f, *a, **k))
+    train.fit_and_test(compose_config(*common, f"ckpt_path={tmp_path / 'run'}", "trainer.max_steps=6"))
+    assert loaded and len(loaded) == len(set(loaded)), loaded
+    assert all(Path(f).is_file() for f in loaded), "Lightning reads no file of its own (an fsspec opener)"
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
