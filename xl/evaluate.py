@@ -1,6 +1,6 @@
 """Evaluate a trained run on val and test: ``python -m xl.evaluate ckpt=RUN [key=value ...]`` (Hydra).
 
-``ckpt``: a run folder (its ``checkpoints/last.ckpt``) or a checkpoint file. The model's shape comes from the
+``ckpt``: a run folder (its newest complete checkpoint) or a checkpoint file. The model's shape comes from the
 checkpoint, the data from the run's folder (``data=run``, the default; ``data.eval_tgt_len=64`` changes one of its
 settings; ``data=text data.train=... data.val=... data.test=...`` scores other data, and the output says whether
 that is the data the model was trained on); the evaluation context (``memory.eval_mem_len``, ``memory.clamp_len``,

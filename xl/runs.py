@@ -200,7 +200,7 @@ class TrainedRun:
 
     @classmethod
     def open(cls, path: str | Path, setting: str = "ckpt") -> TrainedRun:
-        """A run folder (its ``checkpoints/last.ckpt``) or a checkpoint file."""
+        """A run folder (its newest complete checkpoint) or a checkpoint file."""
         checkpoint = Checkpoint.open(path, setting)
         return cls(checkpoint, find_run_folder(checkpoint.path))
 

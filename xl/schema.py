@@ -353,7 +353,7 @@ class EvalContextSchema:
 class EvaluateSchema:
     """``conf/evaluate.yaml`` (``python -m xl.evaluate``)."""
 
-    ckpt: str = setting(MISSING, help="a .ckpt file, or a run folder (its checkpoints/last.ckpt)")
+    ckpt: str = setting(MISSING, help="a .ckpt file, or a run folder (its newest complete checkpoint)")
     data: Any = setting(MISSING)
     trainer: TrainerSchema = setting(factory=TrainerSchema)
     logger: Any = setting(None)

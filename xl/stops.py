@@ -49,24 +49,28 @@ def resume_command(run_dir: str | Path) -> str:
     return f"python train.py ckpt_path={run_dir}"
 
 
-def signal_sentence(callback: PreemptionCheckpoint | None, error: SIGTERMException, run_dir: Path) -> str:
+def signal_sentence(callback: PreemptionCheckpoint | None, run_dir: Path) -> str:
+    """What a stop by a signal says: where it came (:class:`PreemptionCheckpoint`'s record), what is saved."""
     name = callback.signal_name if callback is not None and callback.signal_name else "SIGTERM"
-    stage = callback.stage if callback is not None and callback.stage else "run"
-    saved = callback.saved_path if callback is not None else None
+    stage = callback.stage if callback is not None else None
     checkpoint = newest_complete(run_dir)
+    resume = f"resume with: {resume_command(run_dir)}"
     if stage == "test":
         where = f" ({checkpoint.path}, step {checkpoint.global_step})" if checkpoint else ""
-        return (f"stopped by {name} during the test; the training is complete{where}; test it with: "
-                f"{resume_command(run_dir)}")
-    if saved is not None and checkpoint is not None:
+        return f"stopped by {name} during the test; the training is complete{where}; test it with: " \
+               f"{resume_command(run_dir)}"
+    if stage == "sanity check":
+        if checkpoint is None:
+            return f"stopped by {name} during the sanity check, before the first training step; nothing was " \
+                   "saved: run the command again"
+        return f"stopped by {name} during the sanity check, before the first training step; the run is as it was " \
+               f"(step {checkpoint.global_step}): {resume}"
+    if callback is not None and callback.saved_path is not None and checkpoint is not None:
         during = " during the validation" if stage == "validation" else ""
-        return (f"stopped by {name}{during} after step {checkpoint.global_step}, checkpoint {checkpoint.path}; "
-                f"resume with: {resume_command(run_dir)}")
-    if checkpoint is not None:
-        return (f"stopped by {name} during the {stage}, before the first training step; the run is as it was "
-                f"(step {checkpoint.global_step}): resume with: {resume_command(run_dir)}")
-    return f"stopped by {name} during the {stage}, before the first training step; nothing was saved: run the " \
-           "command again"
+        return f"stopped by {name}{during} after step {checkpoint.global_step}, checkpoint {checkpoint.path}; {resume}"
+    if checkpoint is not None:  # no step checkpoint of the stop (no PreemptionCheckpoint callback, or several ranks)
+        return f"stopped by {name}; {kept(run_dir)}; {resume}"
+    return f"stopped by {name} before the first complete checkpoint was written: run the command again"
 
 
 def full_disk_sentence(err: OSError, run_dir: Path) -> str:
@@ -119,9 +123,9 @@ def stopping(trainer: L.Trainer, run_dir: str | Path) -> Iterator[None]:
         yield
     except NonFiniteError as err:
         end(trainer, nonfinite_sentence(err, folder))
-    except SIGTERMException as err:
+    except SIGTERMException:
         callback = next((c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)), None)
-        end(trainer, signal_sentence(callback, err, folder), preempted=True)
+        end(trainer, signal_sentence(callback, folder), preempted=True)
     except OSError as err:
         if err.errno not in FULL:
             raise
