@@ -43,12 +43,10 @@ def checkpoint_folder(path: Path) -> Path:
     return path / "checkpoints" if (path / "checkpoints").is_dir() else path
 
 
-def resolve_ckpt_path(path: str | Path, setting: str = "ckpt_path") -> Path:
-    """A checkpoint file, or a run folder (where :func:`newest_checkpoint` finds the checkpoint meant)."""
+def existing_path(path: str | Path, setting: str = "ckpt_path") -> Path:
+    """``path`` (a checkpoint file or a run folder), refused in one sentence if it does not exist."""
     p = Path(path).expanduser()
-    if p.is_dir():
-        return newest_checkpoint(p, setting).path
-    if not p.is_file():
+    if not p.exists():
         raise CheckpointError(f"{setting}={path} does not exist; give a .ckpt file or a run folder")
     return p
 
@@ -100,9 +98,9 @@ class Checkpoint:
     def open(cls, path: str | Path, setting: str = "ckpt_path") -> Checkpoint:
         """Resolve (a file or a run folder: :func:`newest_checkpoint`), read without executing code, and check that
         train.py wrote it."""
-        if Path(path).expanduser().is_dir():
-            return newest_checkpoint(Path(path).expanduser(), setting)
-        resolved = resolve_ckpt_path(path, setting)
+        resolved = existing_path(path, setting)
+        if resolved.is_dir():
+            return newest_checkpoint(resolved, setting)
         state = read_checkpoint(resolved, setting)
         xl = state.get(XL_KEY)
         if not isinstance(xl, dict) or "model_config" not in xl:

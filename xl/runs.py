@@ -23,7 +23,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.build import build_datamodule
-from xl.checkpoint import Checkpoint, CheckpointError, resolve_ckpt_path
+from xl.checkpoint import Checkpoint, CheckpointError, existing_path
 from xl.config import ConfigError
 from xl.model import TransformerXL
 
@@ -54,7 +54,7 @@ def find_run_folder(path: str | Path) -> Path | None:
     """The run folder of ``path`` (a run folder, or a checkpoint in it or in its ``checkpoints/``), if it holds
     the run's composed config."""
     p = Path(path).expanduser()
-    candidates = (p,) if p.is_dir() else (p.parent, p.parent.parent)
+    candidates = (p, p.parent) if p.is_dir() else (p.parent, p.parent.parent)  # RUN, RUN/checkpoints, a file
     return next((folder for folder in candidates if (folder / CONFIG).is_file()), None)
 
 
@@ -95,7 +95,7 @@ def use_run_data(cfg: DictConfig, ckpt: str, setting: str = "ckpt") -> str | Non
     the command names other data. A checkpoint outside its run folder has no recorded settings to read."""
     if not cfg.data.get("from_run"):
         return None
-    folder = find_run_folder(resolve_ckpt_path(ckpt, setting))
+    folder = find_run_folder(existing_path(ckpt, setting))
     if folder is None:
         raise ConfigError(f"{setting}={ckpt} is not inside its run folder (no {CONFIG} beside it), so its data "
                           "settings are unknown; give the run folder, or name the data (data=..., data.train=...)")
