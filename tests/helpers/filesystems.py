@@ -133,13 +133,13 @@ def small_tmpdir(corpus: dict[str, Path], work: Path) -> dict[str, Any]:
 
 
 def kill(corpus: dict[str, Path], work: Path) -> dict[str, Any]:
-    """SIGKILL the training the moment its folder changes during the second checkpoint; then resume the folder."""
+    """SIGKILL the training while a checkpoint after the first is half-written; then resume the folder."""
     run = mount_tmpfs(work / "kill" / "fs", "256m") / "run"
     tmp = mount_tmpfs(work / "kill" / "tmp", "256m")
     use_tmpdir(tmp)
     folder = run / "checkpoints"
     read, write = os.pipe()
-    cfg = config(corpus, work, run, notify=write)
+    cfg = config(corpus, work, run, "trainer.max_steps=12", notify=write)  # checkpoints at 2, 4, ..., 12
     pid = os.fork()
     if pid == 0:  # the training process
         os.close(read)
@@ -155,12 +155,12 @@ def kill(corpus: dict[str, Path], work: Path) -> dict[str, Any]:
     seen, deadline = None, time.monotonic() + 60
     while seen is None and time.monotonic() < deadline:
         now = files(folder)
-        if any(0 < n < size for n in now.values()):  # a checkpoint file half-written
+        if any(0 < n < 0.99 * size for n in now.values()):  # a checkpoint file half-written
             os.kill(pid, signal.SIGKILL)
             seen = now
     os.waitpid(pid, 0)
     report = {"before": before, "seen": seen, "after_kill": files(folder), "tmpdir": files(tmp), **resumable(run)}
-    error = outcome(lambda: fit(config(corpus, work, run, f"ckpt_path={run}", "trainer.max_steps=8")))
+    error = outcome(lambda: fit(config(corpus, work, run, f"ckpt_path={run}", "trainer.max_steps=14")))
     report.update(resume_error=error, after_resume=files(folder), resumed=resumable(run))
     use_tmpdir(work)
     return report
