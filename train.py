@@ -49,11 +49,11 @@ def prepare_run(cfg: DictConfig) -> None:
 
 
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:
+    if not cfg.train and not cfg.test:
+        raise ConfigError("train=false and test=false leave nothing to do; set test=true to test ckpt_path")
     prepare_run(cfg)
     if cfg.get("ckpt_path"):  # continuing into the run folder: its checkpoints are expected there
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-    if not cfg.train and not cfg.test:
-        raise ConfigError("train=false and test=false leave nothing to do; set test=true to test ckpt_path")
     run = build_run(cfg)  # a bad setting ends the command with one sentence (xl.config.entry_point)
     trainer, module, datamodule = run.trainer, run.module, run.datamodule
     run_dir = trainer.default_root_dir

@@ -354,7 +354,8 @@ class XLLitModule(L.LightningModule):
         return {name: value[None] if world == 1 else self.all_gather(value) for name, value in states.items()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Resuming a fit: give each rank back its own rows of the training memory and its own RNG states.
+        """Resuming a fit: give each rank back its own rows of the training memory, its RNG states and its sums of the
+        epoch's loss so far.
 
         Nothing else needs them: evaluating or testing a checkpoint (on any number of devices), or
         ``load_from_checkpoint`` without a trainer, reads the weights only and leaves the global RNGs alone. The
