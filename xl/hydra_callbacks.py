@@ -49,7 +49,8 @@ class FinishWandbRun(Callback):
         """The job's status is the W&B run's (a run a stop ended is already finished: xl.stops)."""
         wandb = sys.modules.get("wandb")  # imported only if the job logged to W&B
         if wandb is not None and wandb.run is not None:
-            wandb.finish(exit_code=0 if job_return.status == JobStatus.COMPLETED else 1)
+            failed = getattr(job_return, "status", None) == JobStatus.FAILED
+            wandb.finish(exit_code=1 if failed else 0)
 
 
 class SweepSummary(Callback):
