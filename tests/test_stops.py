@@ -109,29 +109,31 @@ def last_line(output: str) -> str:
     return [line for line in re.split(r"[\r\n]", output) if line.strip()][-1]
 
 
-def test_a_stop_is_the_last_line_on_the_terminal_and_is_in_train_log(tmp_path, corpus):
+STOPS = {  # a real stop of each kind, on the command line with the progress bar drawn
+    "signal": ["+callbacks.signal._target_=tests.test_resume.SendSignal", "+callbacks.signal.signum=15",
+               "+callbacks.signal.at_step=3"],
+    "nonfinite": ["optim.lr=1e10", "max_nonfinite_steps=2"],
+}
+
+
+@pytest.mark.parametrize("name", list(STOPS))
+def test_a_stop_is_the_last_line_on_the_terminal_and_is_in_train_log(name, tmp_path, corpus):
     """With the progress bar on, the bar was drawn again after the sentence; the sentence was not in train.log; the
     non-finite stop claimed that the last good checkpoint was kept when none had been written."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
     overrides = [o for o in tiny_overrides(tmp_path, corpus) if not o.startswith(("paths.output_dir", "callbacks"))]
-    common = [*overrides, "callbacks.progress_bar.refresh_rate=1"]
-    cases = {
-        "signal": ["+callbacks.signal._target_=tests.test_resume.SendSignal", "+callbacks.signal.signum=15",
-                   "+callbacks.signal.at_step=3"],
-        "nonfinite": ["optim.lr=1e10", "max_nonfinite_steps=2"],
-    }
-    for name, extra in cases.items():
-        run = tmp_path / name
-        result = subprocess.run([sys.executable, str(ROOT / "train.py"), *common, *extra, f"hydra.run.dir={run}"],
-                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                timeout=300)
-        sentence = last_line(result.stdout)
-        assert result.returncode == 1 and sentence.startswith("error: "), (name, result.stdout[-2000:])
-        assert (run / "train.log").read_text().rstrip().endswith(sentence)
-        if name == "signal":
-            assert sentence == (f"error: stopped by SIGTERM after step 3, checkpoint {run}/checkpoints/last.ckpt; "
-                                f"resume with: python train.py ckpt_path={run}")
-        else:
-            assert re.fullmatch(r"error: non-finite loss or gradient for 2 steps in a row \(found by step \d+\); "
-                                r"lower optim.lr or set trainer.gradient_clip_val; no checkpoint was written",
-                                sentence), sentence
+    run = tmp_path / name
+    command = [sys.executable, str(ROOT / "train.py"), *overrides, "callbacks.progress_bar.refresh_rate=1",
+               *STOPS[name], f"hydra.run.dir={run}"]
+    result = subprocess.run(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, timeout=300)
+    sentence = last_line(result.stdout)
+    assert result.returncode == 1 and sentence.startswith("error: "), result.stdout[-2000:]
+    assert (run / "train.log").read_text().rstrip().endswith(sentence)
+    if name == "signal":
+        assert sentence == (f"error: stopped by SIGTERM after step 3, checkpoint {run}/checkpoints/last.ckpt; "
+                            f"resume with: python train.py ckpt_path={run}")
+    else:
+        assert re.fullmatch(r"error: non-finite loss or gradient for 2 steps in a row \(found by step \d+\); "
+                            r"lower optim.lr or set trainer.gradient_clip_val; no checkpoint was written",
+                            sentence), sentence
