@@ -5,43 +5,42 @@ and say where everything went. ``-m`` sweeps, e.g. ``python train.py -m memory.m
 
 ``python train.py ckpt_path=RUN [key=value ...]`` continues the run in the folder RUN: its own settings (read from
 ``RUN/.hydra/overrides.yaml``) with the new ones on top, written into RUN, logged into the same W&B run.
-``trainer.max_steps`` counts the run's steps in all, not steps added by the resume. A requeued SLURM job, which
-runs the same command into the same folder, continues from the folder's ``checkpoints/last.ckpt``.
+``trainer.max_steps`` counts the run's steps in all, not steps added by the resume; a resume may change only what
+it would use (xl.runs.RESUMABLE), and one whose training is complete but whose test is not runs the test. A
+requeued SLURM job, which runs the same command into the same folder, continues from the folder's newest complete
+checkpoint. A stop before the end (a signal, a full disk, non-finite steps) ends in one sentence (xl/stops.py).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import sys
 import warnings
 from pathlib import Path
 
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.build import build_run, make_datamodule
-from xl.callbacks import Preempted, preempted_message
-from xl.checkpoint import Checkpoint, CheckpointError
-from xl.config import entry_point, exit_on_user_error
+from xl.build import build_run
+from xl.config import ConfigError, entry_point, exit_on_user_error
 from xl.console import errors_logged, quiet_wandb, quiet_warnings
-from xl.lit import NonFiniteError
-from xl.runs import continue_run, describe_corpus, wandb_id
+from xl.runs import continue_run, wandb_id
+from xl.stops import stopping
 
 log = logging.getLogger("train")
 
 
 def prepare_run(cfg: DictConfig) -> None:
-    """A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues from its folder's ``last.ckpt``; the W&B logger
-    gets the folder's W&B id, so every resume logs into the same W&B run."""
+    """A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues from its folder's newest checkpoint; the W&B
+    logger gets the folder's W&B id, so every resume logs into the same W&B run."""
     output_dir = Path(cfg.paths.output_dir)
-    last = output_dir / "checkpoints" / "last.ckpt"
     requeued = int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
     with open_dict(cfg):
-        if requeued and not cfg.get("ckpt_path") and cfg.train and last.is_file():
-            log.info("requeued: continuing from %s", last)
-            cfg.ckpt_path = str(last)
+        if requeued and not cfg.get("ckpt_path") and cfg.train and any((output_dir / "checkpoints").glob("*.ckpt")):
+            log.info("requeued: continuing from %s", output_dir)
+            cfg.ckpt_path = str(output_dir)
         wandb = OmegaConf.select(cfg, "logger.wandb")
         if wandb is not None:
             quiet_wandb(wandb.offline)
@@ -49,66 +48,41 @@ def prepare_run(cfg: DictConfig) -> None:
                 wandb.id = wandb_id(output_dir)
 
 
-def check_resume(cfg: DictConfig) -> None:
-    """A resume continues the checkpoint's corpus up to ``trainer.max_steps`` steps in all: refuse another corpus,
-    or a resume with nothing left to train, in one sentence, before the corpus is read."""
-    checkpoint = Checkpoint.open(cfg.ckpt_path)
-    saved = checkpoint.data_identity
-    if saved is not None:
-        current = make_datamodule(cfg).identity
-        if (saved["source"], saved["tokenizer"]) != (current["source"], current["tokenizer"]):
-            if describe_corpus(saved) == describe_corpus(current) and saved["tokenizer"] == current["tokenizer"]:
-                raise CheckpointError(
-                    f"ckpt_path={cfg.ckpt_path} was trained on {describe_corpus(saved)}, whose files have changed "
-                    "since (size or modification time): a resume reads the corpus it was trained on; restore the "
-                    "files, or train a new run on them")
-            raise CheckpointError(
-                f"ckpt_path={cfg.ckpt_path} was trained on {describe_corpus(saved)} but this run reads "
-                f"{describe_corpus(current)}; resume with the run's data settings (data, data.train/val/test, "
-                "data.tokenizer), or give the run folder so that they are read from it")
-    step, max_steps = checkpoint.global_step or 0, cfg.trainer.max_steps
-    if 0 <= max_steps <= step:
-        raise CheckpointError(
-            f"ckpt_path={cfg.ckpt_path} is at step {step} and trainer.max_steps={max_steps} counts all the run's "
-            f"steps, so nothing is left to train; set trainer.max_steps above {step} to train on")
-
-
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:
+    if not cfg.train and not cfg.test:
+        raise ConfigError("train=false and test=false leave nothing to do; set test=true to test ckpt_path")
     prepare_run(cfg)
     if cfg.get("ckpt_path"):  # continuing into the run folder: its checkpoints are expected there
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-    if cfg.train and cfg.get("ckpt_path"):
-        check_resume(cfg)
     run = build_run(cfg)  # a bad setting ends the command with one sentence (xl.config.entry_point)
     trainer, module, datamodule = run.trainer, run.module, run.datamodule
-    if cfg.train:
-        try:
+    run_dir = trainer.default_root_dir
+    if cfg.train and not (run.resume and run.resume.finished):
+        with stopping(trainer, run_dir):
             trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
-        except NonFiniteError as err:
-            sys.exit(f"error: {err}")
-        except Preempted as err:
-            sys.exit(preempted_message(err, trainer.default_root_dir))
-        except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            run_dir = trainer.default_root_dir
-            sys.exit(f"error: disk full while training ({err.strerror}); the last complete checkpoint in "
-                     f"{run_dir} is intact; free space and resume with ckpt_path={run_dir}")
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     if cfg.test:
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        ckpt = best or (None if cfg.train else run.ckpt_path)
-        for results in trainer.test(module, datamodule=datamodule, ckpt_path=ckpt, verbose=False, weights_only=True):
-            metrics.update({k: float(v) for k, v in results.items()})
-    report(trainer, metrics)
+        best = model_checkpoint(trainer).best_model_path if model_checkpoint(trainer) else ""
+        ckpt = str(run.resume.best_path()) if run.resume and run.resume.finished else best or (
+            None if cfg.train else run.ckpt_path)
+        with stopping(trainer, run_dir):
+            results = trainer.test(module, datamodule=datamodule, ckpt_path=ckpt, verbose=False, weights_only=True)
+        for values in results:
+            metrics.update({k: float(v) for k, v in values.items()})
+    report(trainer, module, metrics)
     return metrics
 
 
-def report(trainer, metrics: dict[str, float]) -> None:
+def model_checkpoint(trainer) -> ModelCheckpoint | None:
+    """The callbacks group's ModelCheckpoint (``trainer.checkpoint_callback`` may be another Checkpoint callback)."""
+    return next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
+
+
+def report(trainer, module, metrics: dict[str, float]) -> None:
     lines = [f"  {k:<10} {v:.4f}" for k, v in sorted(metrics.items())]
-    params = sum(p.numel() for p in trainer.lightning_module.parameters())
+    params = sum(p.numel() for p in module.parameters())
     lines.append(f"  parameters: {params:,}")
-    ckpt = trainer.checkpoint_callback
+    ckpt = model_checkpoint(trainer)
     if ckpt is not None and ckpt.best_model_path:
         lines.append(f"  best checkpoint: {ckpt.best_model_path}")
     if ckpt is not None and ckpt.last_model_path:
@@ -117,9 +91,16 @@ def report(trainer, metrics: dict[str, float]) -> None:
     for logger in trainer.loggers if trainer.is_global_zero else []:  # other ranks hold no W&B run
         if isinstance(logger, WandbLogger):
             run = logger.experiment
-            where = f"{Path(run.dir).parent} (upload: wandb sync {Path(run.dir).parent})" if run.offline else run.url
+            where = wandb_upload(Path(run.dir).parent, run.id) if run.offline else run.url
             lines.append(f"  W&B run {run.id}: {where}")
     log.info("results\n%s", "\n".join(lines))
+
+
+def wandb_upload(session: Path, run_id: str) -> str:
+    """Where an offline W&B run is and the command that uploads all of it: each session (the first and every
+    resume) is a folder ``offline-run-<start>-<id>``, and ``wandb sync`` given them all uploads them in order."""
+    sessions = sorted(session.parent.glob(f"offline-run-*-{run_id}*"))
+    return f"{len(sessions)} offline session(s) in {session.parent} (upload: wandb sync {' '.join(map(str, sessions))})"
 
 
 @entry_point("config")

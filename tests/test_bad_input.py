@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import errno
 import os
 import re
 import runpy
@@ -16,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, get_type_hints
 
-import fsspec.implementations.local as fsspec_local
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -367,27 +365,6 @@ def test_unknown_key_and_unwritable_output_folder_from_the_command_line(tmp_path
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "cannot write to the output folder /etc/hostname/run" in result.stderr and "hydra.run.dir" in result.stderr
     assert not (tmp_path / "outputs").exists()
-
-
-def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, corpus, monkeypatch):
-    cfg = compose_config(*tiny_overrides(tmp_path, corpus), "trainer.max_steps=4",
-                         "callbacks.model_checkpoint.monitor=null",
-                         "callbacks.model_checkpoint.every_n_train_steps=2")
-    run = build_run(cfg)
-    real_write = fsspec_local.LocalFileOpener.write
-
-    def write(self, data):
-        if run.trainer.global_step >= 4:  # the second checkpoint runs out of space half-way
-            real_write(self, data[: len(data) // 2])
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(self, data)
-
-    monkeypatch.setattr(fsspec_local.LocalFileOpener, "write", write)
-    with pytest.raises(OSError, match="No space left"):
-        run.trainer.fit(run.module, datamodule=run.datamodule)
-    folder = tmp_path / "run" / "checkpoints"
-    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 2
-    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step0000002.ckpt"]
 
 
 def test_the_composed_config_keeps_its_types_for_the_run(tmp_path, corpus):

@@ -12,12 +12,12 @@ import pytest
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import OmegaConf
 
 import train
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from xl.build import build_callbacks, build_run
-from xl.callbacks import Preempted
 from xl.checkpoint import CheckpointError
 from xl.lit import XLLitModule
 
@@ -161,7 +161,8 @@ def test_signal_checkpoints_and_resume_is_exact(tmp_path, corpus, signum):
     validations = ValidationRecorder()
     run.trainer.callbacks += [SendSignal(signum, at_step=STOP_AT), validations]
     before = signal.getsignal(signum)
-    with pytest.raises(Preempted, match=f"^stopped by {signal.Signals(signum).name} after step {STOP_AT}; "):
+    with pytest.raises(SIGTERMException, match=f"^stopped by {signal.Signals(signum).name} during the training after "
+                                               f"step {STOP_AT}; checkpoint "):
         run.trainer.fit(run.module, datamodule=run.datamodule)
     assert run.trainer.global_step == STOP_AT, "the run stops at the end of the step the signal arrived in"
     assert validations.steps == [3, 6], "no validation after the signal"
@@ -332,7 +333,8 @@ def test_a_requeued_run_continues_from_its_folder(tmp_path, corpus, monkeypatch)
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     again = resume_cfg(tmp_path, corpus, "again", "test=false")
     train.fit_and_test(again)
-    assert again.ckpt_path.endswith("last.ckpt") and sorted(recorder.losses) == list(range(STOP_AT + 1, STEPS + 1))
+    assert again.ckpt_path == str(tmp_path / "again" / "run")  # the folder: its newest complete checkpoint
+    assert sorted(recorder.losses) == list(range(STOP_AT + 1, STEPS + 1))
     assert all(recorder.losses[s] == whole_losses[s] for s in recorder.losses)
 
 

@@ -372,9 +372,12 @@ def test_a_checkpoint_refuses_another_tokenizer_of_the_same_size(tmp_path, corpu
     data = ["data=text", *(f"data.{s}={other[s]}" for s in ("train", "val", "test")), "data.tokenizer=char",
             f"data.cache_dir={tmp_path / 'other_cache'}"]
     said = "was trained with another tokenizer than this data gives"
-    with pytest.raises(CheckpointError, match=f"ckpt_path=.*{said}"):
-        build_run(compose_config(*tiny_overrides(tmp_path, corpus), *data, f"ckpt_path={ckpt}",
-                                 f"paths.output_dir={tmp_path / 'resumed'}"))
+    with pytest.raises(CheckpointError, match=f"ckpt_path=.*{said}"):  # testing it
+        build_run(compose_config(*tiny_overrides(tmp_path, corpus), *data, f"ckpt_path={ckpt}", "train=false",
+                                 f"paths.output_dir={tmp_path / 'tested'}"))
+    with pytest.raises(CheckpointError, match="ckpt_path=.* was trained on data.train .* but this run reads"):
+        build_run(compose_config(*tiny_overrides(tmp_path, corpus), *data, f"ckpt_path={ckpt}",  # resuming it:
+                                 f"paths.output_dir={tmp_path / 'resumed'}"))  # refused before the data is read
     with pytest.raises(CheckpointError, match=f"ckpt=.*{said}.*set data and data.tokenizer"):
         evaluate(compose_eval(f"ckpt={ckpt}", *data, f"paths.output_dir={tmp_path / 'eval'}"))
     with pytest.raises(SystemExit, match=said):

@@ -21,9 +21,11 @@ from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
+from lightning.pytorch.plugins import CheckpointIO
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.checkpoint import Checkpoint, CheckpointError, check_compatible
+from xl.checkpoint_io import AtomicCheckpointIO
 from xl.console import TRAINER_DEFAULTS
 from xl.data import DataError
 from xl.footprint import available_memory, run_estimate, vocabulary_bound
@@ -33,6 +35,7 @@ from xl.lit import XLLitModule
 from xl.memory import packed_size
 from xl.metrics import FALLBACK_BITS
 from xl.model_config import XLConfig
+from xl.resume import Resume
 from xl.rules import ConfigError, check_config, check_device, config_key, model_values, uses_cuda
 from xl.rules import check_fits as check_estimate
 
@@ -48,6 +51,7 @@ class Run:
     module: XLLitModule
     trainer: L.Trainer
     ckpt_path: str | None = None  # resolved and checked checkpoint to resume or evaluate
+    resume: Resume | None = None  # the fit this run continues (ckpt_path with train=true)
 
 
 def check_settings(cfg: DictConfig) -> None:
@@ -199,21 +203,31 @@ def build_callbacks(cfg: DictConfig, with_logger: bool = True) -> list[Any]:
     return callbacks
 
 
-def build_trainer(cfg: DictConfig) -> L.Trainer:
+def make_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None, **kwargs: Any) -> L.Trainer:
+    """The trainer group's Trainer (``kwargs``: its loggers and callbacks), quiet (xl/console.py) and writing its
+    checkpoints with :class:`xl.checkpoint_io.AtomicCheckpointIO` (``preloaded``: a checkpoint already read, which
+    Lightning is handed instead of reading it again): every entry point builds its Trainer here."""
+    quiet = {k: v for k, v in TRAINER_DEFAULTS.items() if k not in cfg.trainer}
+    plugins = [build(p, "trainer.plugins") for p in cfg.trainer.get("plugins") or []]
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO(preloaded and (preloaded.path, preloaded.state)))
+    return build(cfg.trainer, "trainer", plugins=plugins, **quiet, **kwargs)
+
+
+def build_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None) -> L.Trainer:
+    """The run's Trainer; ``preloaded``: the checkpoint a fit resumes from (its loggers continue from its step)."""
     loggers = build_loggers(cfg)
-    quiet = {k: v for k, v in TRAINER_DEFAULTS.items() if k not in cfg.trainer}  # xl/console.py
-    trainer = build(cfg.trainer, "trainer", logger=loggers or False, callbacks=build_callbacks(cfg, bool(loggers)),
-                    **quiet)
+    for logger in loggers if preloaded is not None else []:
+        if hasattr(logger, "continue_from"):  # xl.loggers
+            logger.continue_from(preloaded.global_step or 0)
+    trainer = make_trainer(cfg, preloaded, logger=loggers or False, callbacks=build_callbacks(cfg, bool(loggers)))
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     return trainer
 
 
-def check_checkpoint(cfg: DictConfig, module: XLLitModule, datamodule: Any) -> str | None:
-    """Resolve ``ckpt_path`` (a file or a run folder) and refuse one that cannot serve this run."""
-    if not cfg.get("ckpt_path"):
-        return None
-    checkpoint = Checkpoint.open(cfg.ckpt_path)
+def check_checkpoint(cfg: DictConfig, module: XLLitModule, datamodule: Any, checkpoint: Checkpoint) -> str:
+    """Refuse a checkpoint (of a resume, or one to test) that cannot serve this run."""
     path = checkpoint.path
     checkpoint.check_tokenizer(datamodule.vocab_size, datamodule.tokenizer_fingerprint, "ckpt_path")
     check_compatible(checkpoint.model_config, module.config.to_dict(), resuming=bool(cfg.train), path=path)
@@ -238,10 +252,13 @@ def check_splits(cfg: DictConfig, datamodule: Any, trainer: L.Trainer) -> None:
 def build_run(cfg: DictConfig) -> Run:
     """Everything a run needs, validated in order of cost: settings, device, data settings, size, corpus,
     model, checkpoint, trainer."""
+    resume = Resume.open(cfg)  # ckpt_path with train=true: its checkpoint, read once
     initial = start_from(cfg)  # init_from: the model's shape is the checkpoint's
     check_settings(cfg)
     check_device(cfg)
     datamodule = make_datamodule(cfg)
+    if resume is not None:
+        resume.check_data(cfg, datamodule.identity)  # before the corpus is read
     check_fits(cfg, warn=False)  # with the smallest vocabulary the data can give: before tokenising
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     prepare(datamodule)
@@ -249,7 +266,8 @@ def build_run(cfg: DictConfig) -> Run:
     check_fits(cfg, datamodule.vocab_size)
     module = build_module(cfg, datamodule)
     load_weights(initial, module)
-    ckpt_path = check_checkpoint(cfg, module, datamodule)
-    trainer = build_trainer(cfg)
+    checkpoint = resume.checkpoint if resume else Checkpoint.open(cfg.ckpt_path) if cfg.get("ckpt_path") else None
+    ckpt_path = check_checkpoint(cfg, module, datamodule, checkpoint) if checkpoint else None
+    trainer = build_trainer(cfg, checkpoint if resume and not resume.finished else None)
     check_splits(cfg, datamodule, trainer)
-    return Run(datamodule, module, trainer, ckpt_path)
+    return Run(datamodule, module, trainer, ckpt_path, resume)

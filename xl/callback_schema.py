@@ -28,6 +28,8 @@ class ModelCheckpointSchema:
     every_n_train_steps: int | None = setting(None, bound=optional(at_least(0)),
                                               help="also save every N optimizer steps (null: at each validation)")
     auto_insert_metric_name: bool = setting(False, help="Lightning's")
+    enable_version_counter: bool = setting(
+        False, help="false: a checkpoint of the same name is replaced, so last.ckpt is always the newest")
 
 
 @dataclass
@@ -72,7 +74,7 @@ CALLBACKS = {"model_checkpoint": ModelCheckpointSchema, "lr_monitor": LearningRa
 
 @dataclass
 class WandbSchema:
-    _target_: str = "lightning.pytorch.loggers.WandbLogger"
+    _target_: str = "xl.loggers.WandbLogger"
     project: str = setting("xl", help="the W&B project")
     save_dir: str = setting("${paths.output_dir}", help="the run folder")
     offline: bool = setting(True, help="true: no account or network needed; wandb sync uploads later")
@@ -85,7 +87,7 @@ class WandbSchema:
 
 @dataclass
 class CSVLoggerSchema:
-    _target_: str = "lightning.pytorch.loggers.CSVLogger"
+    _target_: str = "xl.loggers.CSVLogger"
     save_dir: str = setting("${paths.output_dir}", help="the run folder")
     name: str = setting("csv", help="the subfolder")
     version: int | str | None = setting("", help="Lightning's")

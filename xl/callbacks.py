@@ -1,11 +1,18 @@
 """Lightning callbacks of the callbacks group: stopping cleanly when asked, and the job's summary for sweeps.
 
-SIGTERM (most schedulers), SIGUSR1 (SLURM's warning before preemption) and SIGINT (Ctrl+C) only
-raise a flag; the run stops at the next step boundary, where the memory, the data position and the
-weights agree, writes ``last.ckpt`` there and ends the fit at once by raising :class:`Preempted` (Lightning's
-``SIGTERMException``): no validation, no other checkpoint, so a cluster's grace period is spent on nothing else.
-Lightning writes checkpoints through an fsspec transaction (a temporary file renamed into place), so a good
-``last.ckpt`` is never replaced by a truncated one. A second Ctrl+C interrupts at once.
+A stop by a signal goes through Lightning's own SIGTERM handling: Lightning installs a SIGTERM handler for every
+``fit``, ``validate`` and ``test`` (and removes it after), which raises the flag ``trainer.received_sigterm``, tells
+the processes of a DDP launcher, and ends evaluation loops after their current batch. :class:`PreemptionCheckpoint`
+routes SIGUSR1 (SLURM's warning before preemption) and SIGINT (Ctrl+C) into that same handler, and decides where a
+fit stops: at the end of the training step under way, where the memory, the data position and the weights agree. It
+writes ``last.ckpt`` there, lets Lightning log the step, and ends the fit before any validation or other checkpoint,
+so a cluster's grace period is spent on nothing else. A signal during the sanity check ends the fit before the first
+step; one during a validation writes ``last.ckpt`` at the step the validation follows; one during a test ends the
+test. The fit or test raises Lightning's ``SIGTERMException``, which train.py turns into one sentence and a non-zero
+exit. A second Ctrl+C interrupts at once.
+
+Lightning's own SLURM handler (SIGUSR1 with ``auto_requeue``) is not used: it saves ``hpc_ckpt_N.ckpt`` at whatever
+point of a step the signal arrives, where the memory and the weights need not agree.
 
 :class:`JobSummary` writes the job's metrics, training throughput and cost into ``results.json`` in the run
 folder, which :mod:`xl.sweep` gathers into a sweep's summary.
@@ -22,89 +29,144 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from xl.footprint import memory_bytes
 from xl.lit import batch_tokens
 
 log = logging.getLogger(__name__)
-SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
+FORWARDED = tuple(s for s in (signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
 
 
-class PreemptionCheckpoint(L.Callback):
-    """On SIGTERM/SIGUSR1/SIGINT: finish the step, save ``last.ckpt``, stop training."""
+class PreemptionCheckpoint(Checkpoint):
+    """On SIGTERM/SIGUSR1/SIGINT: finish the step, save ``last.ckpt``, stop (see the module's notes).
+
+    A Lightning ``Checkpoint`` callback, so Lightning runs it after the other callbacks of each hook: the checkpoint
+    it writes at a step holds their state at the end of that step (the job summary's counts included).
+
+    After a stop, :attr:`signal_name` names the signal, :attr:`saved_path` the checkpoint it wrote (None when
+    nothing was trained since the fit started) and :attr:`stage` where the signal arrived: ``"training"``,
+    ``"sanity check"``, ``"validation"`` or ``"test"``.
+    """
 
     def __init__(self, dirpath: str | Path) -> None:
         self.dirpath = Path(dirpath)
-        self.received: int | None = None
+        self.signal_name: str | None = None
         self.saved_path: Path | None = None
-        self._previous: dict[int, Any] = {}
+        self.stage: str | None = None
+        self.lightning_handler: Any = None
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.received = signum
+    # ---- hearing the signals ------------------------------------------------------------------------------------
+    def heard(self, signum: int, frame: Any) -> None:
+        self.signal_name = self.signal_name or signal.Signals(signum).name
         if signum == signal.SIGINT:  # a second Ctrl+C falls through to Python's KeyboardInterrupt
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        if callable(self.lightning_handler):
+            self.lightning_handler(signum, frame)
+
+    def listen(self) -> None:
+        """Hear all three signals through Lightning's SIGTERM handler of this fit, validate or test (installed before
+        its first hook; Lightning puts back the handlers of before when it ends, also on an exception)."""
+        if signal.getsignal(signal.SIGTERM) == self.heard:  # (a bound method: equal, not identical)
+            return
+        self.lightning_handler = signal.getsignal(signal.SIGTERM)
+        for signum in (signal.SIGTERM, *FORWARDED):
+            signal.signal(signum, self.heard)
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.signal_name = self.saved_path = self.stage = None
+        self.listen()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Installed after Lightning's own SIGTERM handler (registered between on_fit_start and here).
-        self.received = self.saved_path = None
-        for signum in SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handle)
+        if trainer.received_sigterm:  # during the sanity check: nothing was trained, nothing is saved
+            self.stop(trainer, "sanity check")
+        self.signal_name = self.saved_path = self.stage = None
+        self.listen()
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and self.saved_path is not None:
+            self.stop(trainer, "training")  # the step is logged, its validation is not run
+        self.listen()
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self.on_train_end(trainer, pl_module)
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.signal_name = self.stage = None
+        self.listen()
 
+    # ---- stopping -----------------------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        stop = self.received is not None
+        stop = trainer.received_sigterm
         if trainer.world_size > 1:  # a signal seen by any rank stops all ranks at the same step
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if not stop:
+        if not stop or self.saved_path is not None:
             return
+        self.save(trainer)
+        trainer.should_stop = True  # Lightning logs the step; the next hook of this callback ends the fit
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.saved_path is not None:  # no validation ran after the step: the epoch loop ended on should_stop
+            self.stop(trainer, "training")
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """Lightning ended a loop on the signal: inside a validation of the fit, save the step it follows."""
+        if not isinstance(exception, SIGTERMException) or self.stage is not None:
+            return
+        if trainer.sanity_checking:
+            self.stage = "sanity check"
+        elif trainer.state.fn == TrainerFn.FITTING and trainer.validating and self.saved_path is None \
+                and trainer.world_size == 1:
+            self.stage = "validation"
+            self.save(trainer)
+        else:
+            self.stage = "training" if trainer.state.fn == TrainerFn.FITTING else "test"
+
+    def save(self, trainer: L.Trainer) -> None:
         self.saved_path = self.dirpath / "last.ckpt"
         trainer.save_checkpoint(self.saved_path)
-        name = self.signal_name or "a signal on another rank"
         if trainer.is_global_zero:
-            log.warning("%s received: stopped after step %d, checkpoint %s", name, trainer.global_step, self.saved_path)
-        # Ends the fit here: Lightning's own SIGTERM handling raises it after a validation, which is skipped.
-        raise Preempted(name, trainer.global_step, self.saved_path)
+            log.info("%s received: checkpoint %s at step %d", self.signal_name or "a signal on another rank",
+                     self.saved_path, trainer.global_step)
 
-    @property
-    def signal_name(self) -> str | None:
-        return signal.Signals(self.received).name if self.received else None
-
-
-class Preempted(SIGTERMException):
-    """A fit stopped by a signal at a step boundary, after writing ``path`` (``last.ckpt``)."""
-
-    def __init__(self, signal_name: str, step: int, path: Path) -> None:
-        super().__init__(f"stopped by {signal_name} after step {step}; checkpoint {path}")
-        self.signal_name, self.step, self.path = signal_name, step, path
-
-
-def preempted_message(err: Preempted, run_dir: str) -> str:
-    """What train.py says when a signal stopped the fit: where the checkpoint is and how to resume."""
-    return f"{err}; resume with: python train.py ckpt_path={run_dir}"
+    def stop(self, trainer: L.Trainer, stage: str) -> None:
+        self.stage = stage
+        saved = f" after step {trainer.global_step}; checkpoint {self.saved_path}" if self.saved_path else ""
+        raise SIGTERMException(f"stopped by {self.signal_name or 'SIGTERM'} during the {stage}{saved}")
 
 
 class JobSummary(L.Callback):
     """Write the job's numbers to ``path`` after fitting, and again after testing.
 
     Training throughput counts only the time inside training steps (forward, backward, optimizer),
-    not validation, data loading or checkpointing; wall time runs from the trainer's creation.
+    not validation, data loading or checkpointing; wall time runs from the trainer's creation. A resumed run counts
+    the whole run: the checkpoint carries the counts up to its step (:meth:`state_dict`), so ``steps``,
+    ``train_tokens``, ``train_tok_s`` and ``wall_s`` cover the work that led to the final weights, every session
+    up to the checkpoint the next one resumed from (steps trained after it and lost are not counted). A session that
+    only tests keeps the training figures the file already holds.
     """
+
+    TRAINING = ("steps", "train_tokens", "train_tok_s", "wall_s")
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.created = time.perf_counter()
         self.train_seconds = 0.0
         self.train_tokens = 0
+        self.earlier_wall_s = 0.0  # sessions before this one, up to the checkpoint it resumed from
+        self.fitted = False
         self.metrics: dict[str, float] = {}
         self._batch_start = 0.0
+
+    def state_dict(self) -> dict[str, float]:
+        return {"train_seconds": self.train_seconds, "train_tokens": self.train_tokens, "wall_s": self.wall_s()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.train_seconds = state_dict["train_seconds"]
+        self.train_tokens = state_dict["train_tokens"]
+        self.earlier_wall_s = state_dict["wall_s"]
+
+    def wall_s(self) -> float:
+        return self.earlier_wall_s + time.perf_counter() - self.created
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -118,6 +180,7 @@ class JobSummary(L.Callback):
         self.train_tokens += batch_tokens(batch) * trainer.world_size  # every rank reads a batch of the same shape
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.fitted = True
         self._record(trainer, pl_module, "val/")
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -126,7 +189,12 @@ class JobSummary(L.Callback):
     def _record(self, trainer: L.Trainer, pl_module: L.LightningModule, prefix: str) -> None:
         self.metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(prefix)})
         if trainer.is_global_zero:
-            write_json(self.path, {**self.describe(trainer, pl_module), **self.metrics})
+            values = self.describe(trainer, pl_module)
+            if not self.fitted and self.path.is_file():  # this session only tests: the training is the file's
+                earlier = json.loads(self.path.read_text())
+                values.update({k: earlier[k] for k in self.TRAINING if k in earlier})
+                values.update({k: v for k, v in earlier.items() if k.startswith("val/")})
+            write_json(self.path, {**values, **self.metrics})
 
     def describe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         """The run's context and cost; ``cache_mb`` is one rank's training memory, compressed slots and memory tokens
@@ -150,7 +218,7 @@ class JobSummary(L.Callback):
             "steps": trainer.global_step,
             "train_tokens": self.train_tokens,
             "train_tok_s": self.train_tokens / self.train_seconds if self.train_seconds else None,
-            "wall_s": time.perf_counter() - self.created,
+            "wall_s": self.wall_s(),
         }
 
 

@@ -10,6 +10,7 @@ Checkpoints are read with ``weights_only=True``: no pickled code is ever execute
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 from xl.model import TransformerXL, XLConfig
 from xl.torch_errors import load_failure
 
+log = logging.getLogger(__name__)
 XL_KEY = "xl"  # where this project's part of a checkpoint lives
 DEFAULTS = {f.name: f.default for f in fields(XLConfig)}
 # Fields that fix the shape of the weights: a checkpoint with other values cannot be loaded.
@@ -32,17 +34,44 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used as asked; the message names the setting to change."""
 
 
-def resolve_ckpt_path(path: str | Path, setting: str = "ckpt_path") -> Path:
-    """A checkpoint file, or a run folder whose ``checkpoints/last.ckpt`` is meant."""
+def describe_corpus(identity: dict[str, Any] | None) -> str:
+    """A checkpoint's data identity (:attr:`Checkpoint.data_identity`) in words."""
+    return identity.get("corpus", identity.get("source", "?")) if identity else "unknown data"
+
+
+def checkpoint_folder(path: Path) -> Path:
+    """Where a run folder keeps its checkpoints (``checkpoints/``, or the folder itself)."""
+    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
+
+
+def existing_path(path: str | Path, setting: str = "ckpt_path") -> Path:
+    """``path`` (a checkpoint file or a run folder), refused in one sentence if it does not exist."""
     p = Path(path).expanduser()
-    if p.is_dir():
-        for candidate in (p / "checkpoints" / "last.ckpt", p / "last.ckpt"):
-            if candidate.is_file():
-                return candidate
-        raise CheckpointError(f"{setting}={path} is a folder without checkpoints/last.ckpt; give the .ckpt file")
-    if not p.is_file():
+    if not p.exists():
         raise CheckpointError(f"{setting}={path} does not exist; give a .ckpt file or a run folder")
     return p
+
+
+def newest_checkpoint(folder: Path, setting: str = "ckpt_path") -> Checkpoint:
+    """The checkpoint a run folder names: the complete one of the highest step (``last.ckpt`` on a tie). A file
+    that cannot be read (a checkpoint that a kill, a full disk or another program cut short) is left out, in one
+    line that says which one is used instead."""
+    files = sorted(checkpoint_folder(folder).glob("*.ckpt"), key=lambda p: (p.name != "last.ckpt", p.name))
+    if not files:
+        raise CheckpointError(f"{setting}={folder} is a folder without checkpoints; give a run folder or a .ckpt file")
+    complete, broken = [], []
+    for path in files:
+        try:
+            complete.append(Checkpoint.open(path, setting))
+        except CheckpointError as err:
+            broken.append((path, err))
+    if not complete:
+        raise CheckpointError(f"{setting}={folder} holds no complete checkpoint: {broken[0][1]}")
+    newest = max(complete, key=lambda c: c.global_step or 0)  # the first of the highest step: last.ckpt first
+    for path, _ in broken:
+        log.warning("%s cannot be read, so it is left out: the newest complete checkpoint, %s (step %s), is used",
+                    path, newest.path.name, newest.global_step)
+    return newest
 
 
 def read_checkpoint(path: Path, setting: str = "ckpt_path") -> dict[str, Any]:
@@ -68,8 +97,11 @@ class Checkpoint:
 
     @classmethod
     def open(cls, path: str | Path, setting: str = "ckpt_path") -> Checkpoint:
-        """Resolve (a file or a run folder), read without executing code, and check that train.py wrote it."""
-        resolved = resolve_ckpt_path(path, setting)
+        """Resolve (a file or a run folder: :func:`newest_checkpoint`), read without executing code, and check that
+        train.py wrote it."""
+        resolved = existing_path(path, setting)
+        if resolved.is_dir():
+            return newest_checkpoint(resolved, setting)
         state = read_checkpoint(resolved, setting)
         xl = state.get(XL_KEY)
         if not isinstance(xl, dict) or "model_config" not in xl:

@@ -55,8 +55,17 @@ def errors_logged() -> Iterator[None]:
     try:
         yield
     except user_errors() as err:
-        record = logging.LogRecord("xl", logging.ERROR, __file__, 0, "error: %s", (err,), None)
-        for handler in logging.getLogger().handlers:
-            if isinstance(handler, logging.FileHandler):
-                handler.handle(record)
+        to_log_files(f"error: {err}")
         raise
+
+
+def to_log_files(message: str) -> None:
+    """Write ``message`` to the run's log files only (the terminal gets it as the command's closing line). A log
+    file that cannot be written (a full disk) is left as it is, without a traceback."""
+    record = logging.LogRecord("xl", logging.ERROR, __file__, 0, "%s", (message,), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            with contextlib.suppress(OSError, ValueError):  # ValueError: a file already closed
+                handler.flush()
+                with open(handler.baseFilename, "a", encoding=handler.encoding or "utf-8") as f:
+                    f.write(handler.format(record) + handler.terminator)

@@ -1,6 +1,6 @@
 """Evaluate a trained run on val and test: ``python -m xl.evaluate ckpt=RUN [key=value ...]`` (Hydra).
 
-``ckpt``: a run folder (its ``checkpoints/last.ckpt``) or a checkpoint file. The model's shape comes from the
+``ckpt``: a run folder (its newest complete checkpoint) or a checkpoint file. The model's shape comes from the
 checkpoint, the data from the run's folder (``data=run``, the default; ``data.eval_tgt_len=64`` changes one of its
 settings; ``data=text data.train=... data.val=... data.test=...`` scores other data, with the run's segment length
 and batch unless the command line sets them, and the output says whose data and segments they are); the evaluation
@@ -34,17 +34,17 @@ from omegaconf import DictConfig, open_dict
 from torch import Tensor
 
 from xl.adaptive import widen
-from xl.build import ConfigError, build, build_datamodule, check_device
-from xl.checkpoint import Checkpoint
+from xl.build import ConfigError, build_datamodule, check_device, make_trainer
+from xl.checkpoint import Checkpoint, describe_corpus
 from xl.config import command_line_keys, entry_point
-from xl.console import TRAINER_DEFAULTS, errors_logged, quiet_warnings
+from xl.console import errors_logged, quiet_warnings
 from xl.documents import MODES, Documents, DocumentStats, split_batch, summary, target_bytes
 from xl.eval_results import describe, format_table, log_results, record, scored_corpus, write_results
 from xl.lit import XLLitModule
 from xl.memory import packed_size
 from xl.model import TransformerXL
 from xl.rules import check_evaluate_config
-from xl.runs import describe_corpus, find_run_folder, run_data, use_run_data
+from xl.runs import find_run_folder, run_data, use_run_data
 
 log = logging.getLogger("evaluate")
 
@@ -301,7 +301,7 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     note = corpus_note(checkpoint, datamodule, from_run is not None)
     module = build_evaluator(cfg, checkpoint, datamodule)
     del checkpoint  # the weights are in the module now; free the optimizer state before evaluating
-    trainer = build(cfg.trainer, "trainer", logger=False, callbacks=[], **TRAINER_DEFAULTS)
+    trainer = make_trainer(cfg, logger=False, callbacks=[])
     results = {}
     for split in cfg.splits:
         run = {"val": trainer.validate, "test": trainer.test}[split]

@@ -1,6 +1,6 @@
 """Sample text from a trained run: ``python -m xl.generate ckpt=RUN 'prompt="def main("' [key=value ...]`` (Hydra).
 
-``ckpt``: a run folder (its ``checkpoints/last.ckpt``) or a checkpoint file; the tokenizer is the run's (its data
+``ckpt``: a run folder (its newest complete checkpoint) or a checkpoint file; the tokenizer is the run's (its data
 settings are read from the run folder; ``data=...`` names others). The shell's single quotes keep Hydra's double
 quotes: Hydra reads ``prompt="def main("`` as a quoted string, which may hold parentheses, commas and spaces.
 

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -45,9 +46,11 @@ class FinishWandbRun(Callback):
     """
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        """The job's status is the W&B run's (a run a stop ended is already finished: xl.stops)."""
         wandb = sys.modules.get("wandb")  # imported only if the job logged to W&B
         if wandb is not None and wandb.run is not None:
-            wandb.finish()
+            failed = getattr(job_return, "status", None) == JobStatus.FAILED
+            wandb.finish(exit_code=1 if failed else 0)
 
 
 class SweepSummary(Callback):

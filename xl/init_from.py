@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.checkpoint import DEFAULTS, SHAPE_FIELDS, XL_KEY, Checkpoint, CheckpointError
+from xl.checkpoint import DEFAULTS, SHAPE_FIELDS, Checkpoint, CheckpointError
 
 log = logging.getLogger(__name__)
 SETTING = "init_from"
@@ -46,11 +46,6 @@ def plain(value: Any) -> Any:
 def start_from(cfg: DictConfig) -> Checkpoint | None:
     """Open ``cfg.init_from`` (None when unset) and give ``cfg.model`` its shape; refuse a conflicting setting."""
     resume = cfg.get("ckpt_path")
-    if resume and cfg.get("train", True):
-        source = Checkpoint.open(resume).state[XL_KEY].get("converted_from")
-        if source:
-            raise CheckpointError(f"ckpt_path={resume} is a converted model ({source['source']}) with no training "
-                                  f"state to continue; start a new run from it with init_from={resume}")
     path = cfg.get(SETTING)
     if not path:
         return None

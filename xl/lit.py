@@ -155,8 +155,9 @@ class XLLitModule(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         if batch_idx == 0:
             # The streams restart at every epoch. Keyed on the batch index, not on epoch start, so that
-            # a run resumed mid-epoch keeps the memory it restored from the checkpoint.
+            # a run resumed mid-epoch keeps the memory and the epoch's loss sums it restored from the checkpoint.
             self.memory.reset("train")
+            self.metrics.sums["train_nll"].reset()
         if self.grad_segments > 1:
             self.window_closes = self.segment_closes_window(batch_idx)
         x, y, documents = split_batch(batch)
@@ -292,7 +293,7 @@ class XLLitModule(L.LightningModule):
         if worst >= self.max_nonfinite_steps:
             raise NonFiniteError(
                 f"non-finite loss or gradient for {worst} steps in a row (found by step {self.global_step}); "
-                "the last good checkpoint is kept; lower optim.lr or set trainer.gradient_clip_val"
+                "lower optim.lr or set trainer.gradient_clip_val"
             )
 
     def on_train_epoch_end(self) -> None:
@@ -337,8 +338,8 @@ class XLLitModule(L.LightningModule):
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Add the model config, the tokenizer's fingerprint, and every rank's training memory and RNG states (see
-        xl.checkpoint)."""
+        """Add the model config, the tokenizer's fingerprint, and every rank's training memory, RNG states and sums
+        of the epoch's training loss so far (see xl.checkpoint)."""
         world = self.trainer.world_size
         checkpoint[XL_KEY] = {
             "model_config": self.config.to_dict(),
@@ -346,10 +347,17 @@ class XLLitModule(L.LightningModule):
             "data": self.data_identity,
             "train_memory": self.memory.pack(self.all_gather, world),
             "rng": gather_rng_states(world),
+            "train_sums": self.gather_train_sums(world),
         }
 
+    def gather_train_sums(self, world: int) -> dict[str, Tensor]:
+        """Every rank's sums of the epoch's training loss (the epoch metric's states), [world] each."""
+        states = self.metrics.sums["train_nll"].metric_state
+        return {name: value[None] if world == 1 else self.all_gather(value) for name, value in states.items()}
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Resuming a fit: give each rank back its own rows of the training memory and its own RNG states.
+        """Resuming a fit: give each rank back its own rows of the training memory, its RNG states and its sums of the
+        epoch's loss so far.
 
         Nothing else needs them: evaluating or testing a checkpoint (on any number of devices), or
         ``load_from_checkpoint`` without a trainer, reads the weights only and leaves the global RNGs alone. The
@@ -374,6 +382,9 @@ class XLLitModule(L.LightningModule):
                 )
         self.memory.unpack(memory, rank)
         set_rng_state(rng[rank])
+        sums = state.get("train_sums")
+        if sums:  # the epoch so far: its epoch-level train/loss averages the whole epoch
+            self.metrics.sums["train_nll"].merge_state({name: value[rank] for name, value in sums.items()})
 
     # ---- set-up ---------------------------------------------------------------------------------
     def on_fit_start(self) -> None:

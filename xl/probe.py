@@ -105,8 +105,9 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
     ``n_layer ×`` the largest memory plus one segment (unless ``data.source.gap`` is overridden), beyond even a
     relayed reach, so no query can see an earlier episode's key.
     """
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     from xl.build import build_run
-    from xl.callbacks import Preempted
 
     results: dict[int, dict[int, float]] = {}
     seg_len = n_layer = 0
@@ -117,8 +118,8 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
         run = build_run(cfg)
         try:
             run.trainer.fit(run.module, datamodule=run.datamodule)
-        except Preempted as err:  # a signal: the checkpoint is written, the probe stops
-            sys.exit(str(err))
+        except SIGTERMException as err:  # a signal (xl.callbacks.PreemptionCheckpoint): the probe stops
+            sys.exit(f"error: {err or 'stopped by a signal'}; the probe's runs are in {out_dir}")
         rows = np.asarray(run.datamodule.val_dataloader().rows)
         counts = recall_accuracy(run.module.model, rows, seg_len, mem_len)
         results[mem_len] = {d: hit / total for d, (hit, total) in sorted(counts.items())}

@@ -23,7 +23,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.build import build_datamodule
-from xl.checkpoint import Checkpoint, CheckpointError, resolve_ckpt_path
+from xl.checkpoint import Checkpoint, CheckpointError, existing_path
 from xl.config import ConfigError
 from xl.model import TransformerXL
 
@@ -37,13 +37,24 @@ PATH_KEYS = ("train", "val", "test", "tokenizer_file", "cache_dir")
 DATA_GROUPS = ("data", "experiment")
 DATA_KEYS = ("train", "val", "test", "source", "tokenizer", "tokenizer_kwargs", "tokenizer_file", "doc_sep",
              "doc_sep_regex")
+# What a resume may change (docs/runs.md): how long it trains, how it validates, logs, checkpoints, compiles and on
+# which devices; the evaluation context of its validations and test. The rest (model, memory, optimizer and its
+# schedule, data and its order, seed, precision) is the checkpoint's, or must match it.
+RESUMABLE = ("trainer.max_steps", "trainer.max_epochs", "trainer.val_check_interval", "trainer.check_val_every_n_epoch",
+             "trainer.limit_val_batches", "trainer.limit_test_batches", "trainer.num_sanity_val_steps",
+             "trainer.log_every_n_steps", "trainer.gradient_clip_val", "trainer.gradient_clip_algorithm",
+             "trainer.deterministic", "trainer.enable_model_summary", "trainer.accelerator", "trainer.devices",
+             "trainer.num_nodes", "trainer.strategy", "trainer", "memory.eval_mem_len", "memory.eval_same_length",
+             "memory.eval_clamp_len", "data.eval_tgt_len", "data.eval_batch_size", "data.cache_dir", "test", "run_name",
+             "tags", "max_nonfinite_steps", "ckpt_path", "train")
+RESUMABLE_TREES = ("logger", "callbacks", "compile", "hydra", "paths")  # every key under these
 
 
 def find_run_folder(path: str | Path) -> Path | None:
     """The run folder of ``path`` (a run folder, or a checkpoint in it or in its ``checkpoints/``), if it holds
     the run's composed config."""
     p = Path(path).expanduser()
-    candidates = (p,) if p.is_dir() else (p.parent, p.parent.parent)
+    candidates = (p, p.parent) if p.is_dir() else (p.parent, p.parent.parent)  # RUN, RUN/checkpoints, a file
     return next((folder for folder in candidates if (folder / CONFIG).is_file()), None)
 
 
@@ -84,7 +95,7 @@ def use_run_data(cfg: DictConfig, ckpt: str, setting: str = "ckpt") -> str | Non
     the command names other data. A checkpoint outside its run folder has no recorded settings to read."""
     if not cfg.data.get("from_run"):
         return None
-    folder = find_run_folder(resolve_ckpt_path(ckpt, setting))
+    folder = find_run_folder(existing_path(ckpt, setting))
     if folder is None:
         raise ConfigError(f"{setting}={ckpt} is not inside its run folder (no {CONFIG} beside it), so its data "
                           "settings are unknown; give the run folder, or name the data (data=..., data.train=...)")
@@ -99,10 +110,6 @@ def run_setting(folder: str | Path | None, key: str) -> Any:
     """One setting of the run's composed config (None when the folder or the key is absent)."""
     path = Path(folder) / CONFIG if folder else None
     return OmegaConf.select(OmegaConf.load(path), key) if path is not None and path.is_file() else None
-
-
-def describe_corpus(identity: dict[str, Any] | None) -> str:
-    return identity.get("corpus", identity.get("source", "?")) if identity else "unknown data"
 
 
 def wandb_id(folder: str | Path) -> str:
@@ -130,11 +137,18 @@ def _parsed(overrides: list[str]) -> list[Any]:
     return OverridesParser.create().parse_overrides(overrides)
 
 
+def resumable(key: str) -> bool:
+    """Whether a resume may change the setting ``key`` (an override's key or group): :data:`RESUMABLE`."""
+    return key in RESUMABLE or any(key == k or key.startswith((f"{k}.", f"{k}/")) for k in RESUMABLE_TREES)
+
+
 def continue_run(argv: list[str]) -> list[str]:
     """``train.py``'s command line for ``ckpt_path=RUN``: the run's own overrides, then the new ones (a key given
     again takes the new value), and ``hydra.run.dir=RUN`` so that the resumed run writes into its folder and
     continues its W&B run. Other command lines (no ckpt_path, a checkpoint outside a run folder, ``-m``) are
-    returned as they are. A new override of the corpus or its tokens is refused in one sentence."""
+    returned as they are. A new override of the corpus or its tokens, or of a setting a resume keeps (not in
+    :data:`RESUMABLE`), is refused in one sentence. With ``train=false`` (test the run's newest checkpoint) the run's
+    settings are read but nothing is written into RUN: the test gets a folder of its own."""
     if any(a in ("-m", "--multirun") or a.startswith("-") for a in argv):
         return argv
     try:
@@ -148,18 +162,28 @@ def continue_run(argv: list[str]) -> list[str]:
     if folder is None:
         return argv
     old = run_overrides(folder)
+    testing = any(o.key_or_group == "train" and o.value() is False for o in new)
     for o in new:
         key = o.key_or_group
-        changes_data = key in DATA_GROUPS or (key.startswith("data.") and key.split(".")[1] in DATA_KEYS)
-        if changes_data and o.input_line not in old:  # the run's own setting, given again, is fine
+        if o.input_line in old:  # the run's own setting, given again, is fine
+            continue
+        if key in DATA_GROUPS or (key.startswith("data.") and key.split(".")[1] in DATA_KEYS):
             raise CheckpointError(
                 f"ckpt_path={ckpt} continues a run with its own data, but {o.input_line} changes it; a resume "
                 f"cannot change the corpus or its tokenizer: remove {key} from the command line (evaluate on other "
                 "data with python -m xl.evaluate, or train a new run)")
+        if not testing and not resumable(key):
+            raise CheckpointError(
+                f"ckpt_path={ckpt} continues the run with the checkpoint's model, optimizer, schedule and data order, "
+                f"so {o.input_line} would be recorded but not used; remove {key} from the command line (a resume can "
+                f"change the step count, validation, logging and checkpoint settings: docs/runs.md), or start a new "
+                f"run from the run's weights with init_from={ckpt}")
     given = {(o.key_or_group, o.package) for o in new}
     kept = [line for line, o in zip(old, _parsed(old), strict=True)
             if (o.key_or_group, o.package) not in given and o.key_or_group not in ("hydra.run.dir", "ckpt_path")]
-    return [*kept, *argv] + ([] if ("hydra.run.dir", None) in given else [f"hydra.run.dir='{folder}'"])
+    if testing or ("hydra.run.dir", None) in given:
+        return [*kept, *argv]
+    return [*kept, *argv, f"hydra.run.dir='{folder}'"]
 
 
 @dataclass
@@ -176,7 +200,7 @@ class TrainedRun:
 
     @classmethod
     def open(cls, path: str | Path, setting: str = "ckpt") -> TrainedRun:
-        """A run folder (its ``checkpoints/last.ckpt``) or a checkpoint file."""
+        """A run folder (its newest complete checkpoint) or a checkpoint file."""
         checkpoint = Checkpoint.open(path, setting)
         return cls(checkpoint, find_run_folder(checkpoint.path))
 

@@ -236,8 +236,9 @@ class TrainSchema:
     seed: int = setting(1234, bound=Bound("an integer in [0, 2**32)", lambda v: is_int(v) and 0 <= v < 2**32),
                         help="seeds torch, numpy and Python's random")
     test: bool = setting(True, help="evaluate the best checkpoint on the test split after fitting")
-    train: bool = setting(True, help="false: only evaluate ckpt_path")
-    ckpt_path: str | None = setting(None, help="resume (or, with train=false, evaluate) this checkpoint or run folder")
+    train: bool = setting(True, help="false: only test ckpt_path (a run folder: in a folder of its own)")
+    ckpt_path: str | None = setting(None, help="resume (or, with train=false, test) this checkpoint or run folder "
+                                               "(its newest complete checkpoint)")
     init_from: str | None = setting(None, help="start a new run from this run's (or converted model's) weights")
     max_nonfinite_steps: int = setting(5, bound=POSITIVE, help="skipped non-finite steps in a row that stop the run")
     run_name: str | None = setting(None, help="null: the command-line overrides (or default)")
@@ -263,7 +264,7 @@ class EvalContextSchema:
 class EvaluateSchema:
     """``conf/evaluate.yaml`` (``python -m xl.evaluate``)."""
 
-    ckpt: str = setting(MISSING, help="a .ckpt file, or a run folder (its checkpoints/last.ckpt)")
+    ckpt: str = setting(MISSING, help="a .ckpt file, or a run folder (its newest complete checkpoint)")
     data: Any = setting(MISSING)
     trainer: TrainerSchema = setting(factory=TrainerSchema)
     logger: Any = setting(None)
