@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from xl.memory.knn import store
-from xl.memory.knn.search import exact_topk, faiss_topk, gather, search
+from xl.memory.knn.search import GROUP, Workspace, _topk, exact_topk, faiss_topk, gather, search
 from xl.memory.knn.store import COUNT, KEYS, VALUES
 
 
@@ -55,6 +55,33 @@ def test_exact_search_finds_what_a_loop_over_every_entry_finds(k):
     found = exact_topk(queries, state, k, visible)
     assert as_lists(found) == brute_force(queries, state, k, visible)  # best first: the order matches too
     assert found.index.shape == (4, 2, 3, k) and found.index[~found.valid].eq(0).all()
+
+
+@pytest.mark.parametrize("k", [1, 7, 32])
+def test_the_two_pass_top_k_is_torchs_top_k(k):
+    gen = torch.Generator().manual_seed(4)
+    scores = torch.randn(6, GROUP * 40, generator=gen, dtype=torch.float64)
+    scores[1, 100:] = float("-inf")  # a row with fewer finite scores than groups, one group part finite
+    scores[2, :] = float("-inf")
+    scores[3, ::GROUP] += 10  # the best of every group in one column
+    values, index = _topk(scores, k)
+    expected = scores.topk(k, dim=-1)
+    assert torch.equal(values, expected.values)
+    finite = expected.values > float("-inf")
+    assert torch.equal(index[finite], expected.indices[finite])  # no ties among finite scores: the same columns
+    assert torch.equal(scores.gather(-1, index), values)
+
+
+def test_a_large_store_is_searched_exactly_with_or_without_a_workspace():
+    state = filled_store([GROUP * 20, GROUP * 9 + 5, 0], heads=2, size=GROUP * 24, d=6)
+    queries = torch.randn(3, 2, 5, 6, dtype=torch.float64)
+    visible = torch.tensor([[True] * 5, [True, True, False, True, True], [True] * 5])
+    expected = brute_force(queries, state, 8, visible)
+    workspace = Workspace()
+    for _ in range(2):  # the second search reuses the first one's buffer
+        assert as_lists(exact_topk(queries, state, 8, visible, workspace=workspace)) == expected
+    assert as_lists(exact_topk(queries, state, 8, visible)) == expected
+    assert workspace.buffer.numel() == 3 * 2 * 5 * GROUP * 24
 
 
 def test_a_limit_on_the_slots_searched_is_only_a_saving():

@@ -17,6 +17,7 @@ than k visible entries gets the rest marked invalid. Neither carries a gradient:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -57,26 +58,68 @@ def _check(queries: Tensor, state: list[Tensor], k: int) -> None:
         raise ValueError(f"memory.knn_top_k must be >= 1, got {k}")
 
 
+GROUP = 32  # slots whose best score the exact search's first pass keeps together (see _topk)
+
+
+class Workspace:
+    """The exact search's scores buffer, kept from one search to the next: a fresh tensor of that size (B·H·L·N
+    scores, 256 MiB at config S with 16,384 entries) costs a CPU about as much as the product that fills it."""
+
+    def __init__(self) -> None:
+        self.buffer: Tensor | None = None
+
+    def scores(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        need = math.prod(shape)
+        buf = self.buffer
+        if buf is None or buf.numel() < need or buf.dtype != dtype or buf.device != device:
+            self.buffer = buf = torch.empty(need, dtype=dtype, device=device)
+        return buf[:need].view(shape)
+
+
+def _topk(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest scores of each row of ``scores`` [R, N] and their columns, largest first (ties in any order).
+
+    Two passes instead of one ``topk`` over N: the rows' k best groups of GROUP columns by their maxima, then the k
+    best columns of those k·GROUP. Exact: the k-th largest group maximum T has k columns at or above it, so every
+    column among the k largest is at least T, and lies in a group whose maximum is at least T.
+    """
+    R, N = scores.shape
+    G = N // GROUP
+    if N % GROUP or G <= k:
+        return scores.topk(k, dim=-1)
+    groups = scores.view(R, G, GROUP).amax(-1).topk(k, dim=-1, sorted=False).indices  # [R, k]
+    rows = (torch.arange(R, device=scores.device)[:, None] * G + groups).flatten()
+    candidates = scores.view(R * G, GROUP).index_select(0, rows).view(R, k * GROUP)
+    values, j = candidates.topk(k, dim=-1)
+    return values, groups.gather(-1, j // GROUP) * GROUP + j % GROUP
+
+
 @torch.no_grad()
 def exact_topk(queries: Tensor, state: list[Tensor], k: int, visible: Tensor | None = None,
-               limit: int | None = None) -> Retrieved:
-    """Exact top-k by one batched product (see the module docstring)."""
+               limit: int | None = None, workspace: Workspace | None = None) -> Retrieved:
+    """Exact top-k by one batched product (see the module docstring); ``workspace`` keeps the scores' buffer."""
     _check(queries, state, k)
     keys = state[KEYS]
     N = keys.size(2) if limit is None else max(0, min(limit, keys.size(2)))
     B, H, L, _ = queries.shape
-    scores = torch.matmul(queries.to(keys.dtype), keys[:, :, :N].transpose(-1, -2))  # [B, H, L, N]
-    hidden = (torch.arange(N, device=keys.device) >= fill(state)[:, None])[:, None, None, :]  # empty slots
-    if visible is not None:
-        hidden = hidden | ~visible[:, None, :, None]
-    scores.masked_fill_(hidden, float("-inf"))
-    best = min(k, N)
-    top = scores.topk(best, dim=-1) if best else None
     index = torch.zeros(B, H, L, k, dtype=torch.long, device=keys.device)
     valid = torch.zeros(B, H, L, k, dtype=torch.bool, device=keys.device)
-    if top is not None:
-        found = top.values > float("-inf")
-        index[..., :best] = torch.where(found, top.indices, 0)
+    best = min(k, N)
+    if best:
+        shape = (B, H, L, N)
+        out = torch.empty(shape, dtype=keys.dtype, device=keys.device) if workspace is None else \
+            workspace.scores(shape, keys.dtype, keys.device)
+        scores = torch.matmul(queries.to(keys.dtype), keys[:, :, :N].transpose(-1, -2), out=out)
+        fills = fill(state)
+        # Slots past a row's fill hold nothing (or a forgotten document): hidden. On the CPU, reading whether any
+        # row is short costs nothing and spares a pass over the scores in the steady state.
+        if keys.device.type != "cpu" or bool((fills < N).any()):
+            scores.masked_fill_((torch.arange(N, device=keys.device) >= fills[:, None])[:, None, None], float("-inf"))
+        values, top = _topk(scores.view(B * H * L, N), best)
+        found = (values > float("-inf")).view(B, H, L, best)
+        if visible is not None:
+            found &= visible[:, None, :, None]
+        index[..., :best] = torch.where(found, top.view(B, H, L, best), 0)
         valid[..., :best] = found
     return Retrieved(index, valid)
 
