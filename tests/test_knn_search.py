@@ -122,6 +122,14 @@ def test_exact_and_faiss_search_retrieve_the_same_entries():
         assert torch.equal(exact.valid, approx.valid) and torch.equal(exact.index, approx.index)
         assert as_lists(exact) == brute_force(queries, state, k, visible)
     assert store.fill(state).tolist() == [40, 40, 15]
+    # faiss.knn is the search an IndexFlatIP runs: the index itself returns the same entries.
+    import faiss
+
+    index = faiss.IndexFlatIP(d + 1)
+    index.add(state[KEYS][2, 1, :15].numpy())
+    _, ids = index.search(queries[2, 1].numpy(), 8)
+    approx = faiss_topk(queries, state, 8)
+    assert torch.equal(torch.from_numpy(ids).clamp(min=0), approx.index[2, 1])
 
 
 def test_search_by_name_and_a_clear_refusal_of_an_unknown_one():

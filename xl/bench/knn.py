@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         import faiss  # the knn extra: pip install -e .[knn]
 
         faiss.omp_set_num_threads(args.threads)
-    print(f"machine: {cpu_model()}, torch {torch.__version__}, {args.threads} thread(s); {args.rounds} interleaved "
+    print(f"machine: {cpu_model()} ({torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}, "
+          f"{args.threads} thread(s); {args.rounds} interleaved "
           f"rounds; config S (4 heads of 64), top-k {args.top_k}")
     results: dict[str, object] = {}
     if "segment" in parts:

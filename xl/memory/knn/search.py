@@ -38,12 +38,13 @@ class Retrieved:
 
 
 def search(kind: str, queries: Tensor, state: list[Tensor], k: int, visible: Tensor | None = None,
-           limit: int | None = None) -> Retrieved:
+           limit: int | None = None, workspace: Workspace | None = None) -> Retrieved:
     """The k best entries of ``state`` for each query [B, H, L, D] (``kind``: one of :data:`SEARCHES`). ``visible``
     [B, L]: queries that may see their row's store (None: all). ``limit``: slots that may hold an entry in any row, a
-    host-side bound that spares searching a store still filling (None: all)."""
+    host-side bound that spares searching a store still filling (None: all). ``workspace``: the exact search's
+    scores buffer, kept by the caller from one search to the next (:class:`Workspace`)."""
     if kind == "exact":
-        return exact_topk(queries, state, k, visible, limit)
+        return exact_topk(queries, state, k, visible, limit, workspace)
     if kind == "faiss":
         return faiss_topk(queries, state, k, visible, limit)
     raise ValueError(f"unknown retrieval search {kind!r}; set memory.knn_search to one of {', '.join(SEARCHES)}")
