@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from xl.documents import positions
 from xl.memory.eviction import leaving
 from xl.memory.knn import store
-from xl.memory.knn.attention import default_layers, gated_retrieval, initial_scale
+from xl.memory.knn.attention import RetrievalGate, default_layers, gated_retrieval, initial_scale
 from xl.memory.knn.search import exact_topk, gather
 
 
@@ -160,3 +160,13 @@ def test_the_default_layer_is_three_quarters_up_and_the_scale_follows_henry_et_a
     assert initial_scale(32) == pytest.approx(math.log2(992)) and initial_scale(1) == 1.0
     with pytest.raises(ValueError, match="at least 1 layer"):
         default_layers(0)
+
+
+def test_a_layers_parameters_start_at_half_gate_and_henry_et_als_scale():
+    q, local, keys, values, valid, _, _ = inputs(dtype=torch.float32)
+    module = RetrievalGate(3, top_k=5)
+    assert torch.equal(module.gate, torch.zeros(3)) and torch.equal(module.scale, torch.full((3,), math.log2(20)))
+    out = module(q, local, keys, values, valid)
+    assert torch.equal(out, gated_retrieval(q, local, keys, values, valid, module.gate, module.scale))
+    out.sum().backward()
+    assert module.gate.grad is not None and module.scale.grad is not None

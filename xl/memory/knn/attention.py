@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn import functional as F
 
 
@@ -65,3 +65,16 @@ def gated_retrieval(queries: Tensor, local: Tensor, keys: Tensor, values: Tensor
     g = torch.sigmoid(gate).view(H, 1, 1).to(retrieved.dtype)
     mixed = g * retrieved + (1 - g) * local.to(retrieved.dtype)
     return torch.where(found, mixed, local.to(mixed.dtype)).to(local.dtype)
+
+
+class RetrievalGate(nn.Module):
+    """One retrieval layer's learned parameters, the gate's logits ``gate`` [H] (0 at first: g = 0.5, as the authors'
+    code starts) and the scores' ``scale`` [H] (:func:`initial_scale` at first), applied by :func:`gated_retrieval`."""
+
+    def __init__(self, n_head: int, top_k: int) -> None:
+        super().__init__()
+        self.gate = nn.Parameter(torch.zeros(n_head))
+        self.scale = nn.Parameter(torch.full((n_head,), initial_scale(top_k)))
+
+    def forward(self, queries: Tensor, local: Tensor, keys: Tensor, values: Tensor, valid: Tensor) -> Tensor:
+        return gated_retrieval(queries, local, keys, values, valid, self.gate, self.scale)
