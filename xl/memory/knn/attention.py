@@ -1,0 +1,80 @@
+"""The gated retrieval attention of Memorizing Transformers (Wu et al., 2022, section 3.1), and where it goes.
+
+In a chosen layer, each query attends over the k entries it retrieved from the store (:mod:`xl.memory.knn.search`)
+with a softmax of its own, and the result ``V_m`` is mixed per head with the local attention's output ``V_c``::
+
+    out = g ⊙ V_m + (1 - g) ⊙ V_c,    g = sigmoid(b_g),  one learned b_g per head
+
+The scores are ``scale_h · q̂ · k̂``: unit query against unit key (the keys are stored normalised; the query is the
+local attention's content query ``q + u`` normalised here), times a learned per-head scale, the way the authors'
+code scales attention over normalised keys. Retrieved keys carry no position: no relative term is added, as in the
+paper ("We don't use a position bias for the retrieved memories"). A query that retrieved no entry (an empty store,
+the first segment of a document) keeps the local output unchanged: with nothing to retrieve the layer is the plain
+one. Nothing flows back into the retrieved keys and values: the store takes no gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+
+def default_layers(n_layer: int) -> tuple[int, ...]:
+    """The layer that retrieves by default, counted from 0: the one three quarters of the way up, as the paper's
+    9th of 12 (index 8); the 3rd of 4 (index 2) at config S."""
+    if n_layer < 1:
+        raise ValueError(f"a model has at least 1 layer, got n_layer={n_layer}")
+    return (math.ceil(3 * n_layer / 4) - 1,)
+
+
+def initial_scale(top_k: int) -> float:
+    """The per-head scale's initial value: ``log2(k² - k)`` over k attended keys, the initial scale Henry et al.
+    (2020) give attention over normalised queries and keys (9.95 for k = 32); 1 for k = 1."""
+    return math.log2(top_k * top_k - top_k) if top_k > 1 else 1.0
+
+
+def gated_retrieval(queries: Tensor, local: Tensor, keys: Tensor, values: Tensor, valid: Tensor, gate: Tensor,
+                    scale: Tensor) -> Tensor:
+    """The heads' combined output [B, H, L, D] (see the module docstring).
+
+    ``queries`` [B, H, L, D]: the content queries of the local attention (before any scaling); ``local`` [B, H, L, D]:
+    its heads' outputs; ``keys``/``values`` [B, H, L, k, D]: the retrieved entries (unit keys); ``valid`` [B, H, L, k]:
+    which are entries; ``gate`` [H]: the gate's logits b_g; ``scale`` [H]: the scores' scale. Computes in the queries'
+    dtype (the layer's, or autocast's) and returns the local output's dtype.
+    """
+    B, H, L, D = queries.shape
+    if local.shape != queries.shape or keys.shape[:3] != (B, H, L) or keys.size(-1) != D:
+        raise ValueError(f"gated retrieval needs queries and local outputs [B, H, L, D] and retrieved entries "
+                         f"[B, H, L, k, D]; got {tuple(queries.shape)}, {tuple(local.shape)}, {tuple(keys.shape)}")
+    if values.shape != keys.shape or valid.shape != keys.shape[:-1] or gate.shape != (H,) or scale.shape != (H,):
+        raise ValueError(f"gated retrieval needs values {tuple(keys.shape)}, valid {tuple(keys.shape[:-1])}, gate "
+                         f"and scale ({H},); got {tuple(values.shape)}, {tuple(valid.shape)}, {tuple(gate.shape)}, "
+                         f"{tuple(scale.shape)}")
+    q = F.normalize(queries, dim=-1)
+    keys, values = keys.detach().to(q.dtype), values.detach().to(q.dtype)
+    # [B·H·L, 1, D] × [B·H·L, D, k]: each query against its own k entries.
+    scores = torch.matmul(q.unsqueeze(-2), keys.transpose(-1, -2)).squeeze(-2) * scale.view(H, 1, 1).to(q.dtype)
+    found = valid.any(-1, keepdim=True)  # [B, H, L, 1]
+    # A query with no entry gets finite scores (so no NaN reaches the gradient) and its local output below.
+    scores = scores.masked_fill(~valid, float("-inf")).masked_fill(~found, 0.0)
+    weights = scores.softmax(-1)
+    retrieved = torch.matmul(weights.unsqueeze(-2).to(values.dtype), values).squeeze(-2)  # V_m
+    g = torch.sigmoid(gate).view(H, 1, 1).to(retrieved.dtype)
+    mixed = g * retrieved + (1 - g) * local.to(retrieved.dtype)
+    return torch.where(found, mixed, local.to(mixed.dtype)).to(local.dtype)
+
+
+class RetrievalGate(nn.Module):
+    """One retrieval layer's learned parameters, the gate's logits ``gate`` [H] (0 at first: g = 0.5, as the authors'
+    code starts) and the scores' ``scale`` [H] (:func:`initial_scale` at first), applied by :func:`gated_retrieval`."""
+
+    def __init__(self, n_head: int, top_k: int) -> None:
+        super().__init__()
+        self.gate = nn.Parameter(torch.zeros(n_head))
+        self.scale = nn.Parameter(torch.full((n_head,), initial_scale(top_k)))
+
+    def forward(self, queries: Tensor, local: Tensor, keys: Tensor, values: Tensor, valid: Tensor) -> Tensor:
+        return gated_retrieval(queries, local, keys, values, valid, self.gate, self.scale)
