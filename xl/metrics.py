@@ -9,7 +9,8 @@ text of any length, so a split where the tokenizer gave it carries each target's
 (the token cache keeps them: ``xl.data.cache``), and those are counted instead of the table: a character the
 training split lacks counts its own 1 to 4 bytes, a word the vocabulary lacks its own bytes and separator. A word
 also counts one separator after it (``xl.data.words``). Sums are kept as float64 nats and int64 token and byte
-counts, and summed across ranks, so the epoch figures are exact whatever the batch sizes.
+counts, and summed across ranks, so the epoch figures are exact whatever the batch sizes. A target equal to
+``IGNORE_INDEX`` is not scored (a loss on answers alone, ``data=babilong``): it counts no token and no byte.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torchmetrics import Metric
 QUALITY = {"byte": "bpb", "char": "bpc", "word": "ppl", "token": "ppl"}
 UNITS = tuple(QUALITY)
 STAGES = ("train", "val", "test")
+IGNORE_INDEX = -100  # a target that is not scored: the model's loss (torch's cross_entropy default) leaves it out
 
 
 def quality_name(unit: str) -> str:
@@ -102,21 +104,23 @@ class LMMetrics(nn.Module):
         return bool(self.token_bytes.numel()) or self.unit == "byte"
 
     def target_bytes(self, target: Tensor, lengths: Tensor | None = None) -> Tensor | int | None:
-        """UTF-8 bytes of the text of ``target`` (``lengths``: each target's own, where the batch gives them), or
-        None when they cannot be counted."""
+        """UTF-8 bytes of the text of the scored targets of ``target`` (``lengths``: each target's own, where the
+        batch gives them), or None when they cannot be counted."""
+        scored = target != IGNORE_INDEX
         if lengths is not None:
-            return lengths.sum()
+            return (lengths * scored).sum()
         if self.token_bytes.numel():
-            return self.token_bytes[target].sum()
-        return target.numel() if self.unit == "byte" else None
+            return (self.token_bytes[target.clamp(min=0)] * scored).sum()
+        return scored.sum() if self.unit == "byte" else None
 
     def update(self, stage: str, nll: Tensor, target: Tensor, lengths: Tensor | None = None) -> dict[str, Tensor]:
-        """Add a batch scored with mean NLL ``nll`` over the tokens of ``target``; return the batch's figures.
-        ``lengths``: the targets' UTF-8 lengths where the batch gives them (:func:`xl.documents.target_bytes`).
+        """Add a batch scored with mean NLL ``nll`` over the scored tokens of ``target`` (those not
+        ``IGNORE_INDEX``); return the batch's figures. ``lengths``: the targets' UTF-8 lengths where the batch gives
+        them (:func:`xl.documents.target_bytes`).
 
         Nothing here waits for the device (no host-side branch on values, no host-to-device copy).
         """
-        nll, n = nll.detach(), target.numel()
+        nll, n = nll.detach(), (target != IGNORE_INDEX).sum()
         n_bytes = self.target_bytes(target, lengths)
         nats = nll.double() * n
         tokens, counted = n, 0 if n_bytes is None else n_bytes
@@ -124,7 +128,8 @@ class LMMetrics(nn.Module):
             finite = torch.isfinite(nats)
             nats, tokens, counted = torch.where(finite, nats, 0.0), finite * n, finite * counted
         self.sums[f"{stage}_nll"].update(nats, tokens, counted)
-        return self.figures(stage, nll, None if n_bytes is None else nll.double() * n / math.log(2) / n_bytes)
+        return self.figures(stage, nll, None if n_bytes is None else nll.double() * n / math.log(2) /
+                            n_bytes.clamp(min=1))
 
     def compute(self, stage: str) -> dict[str, Tensor] | None:
         """The stage's figures over everything added since the last call (reduced across ranks), then reset;

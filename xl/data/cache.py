@@ -6,7 +6,9 @@ from the run's is refused, never mixed. Each split has its ids (``<split>.npy``)
 documents begin (``<split>.docs.npy``, int64, sorted, from 0), both memory-mapped when read. A split where the
 tokenizer gave ``<unk>`` (whose one table entry cannot say how many bytes each replaced) also has the UTF-8 length
 of every position's text (``<split>.bytes.npy``, the smallest unsigned dtype that holds them), so that bits per
-byte count the real bytes; where the tokenizer's per-id table is exact there is no such file. A cache is built in
+byte count the real bytes; where the tokenizer's per-id table is exact there is no such file. A split whose source marks answer pieces
+(:mod:`xl.data.sources`) also has their token spans (``<split>.answers.npy``, int64 ``[n, 2]`` of start and end
+offsets, sorted). A cache is built in
 a private temporary folder (the fitted vocabulary and the ids it gave, together) and renamed into place only when
 complete, ``meta.json`` included, so a crash, a full disk or two processes building at once never leave a cache
 that a later run trusts.
@@ -43,8 +45,9 @@ BATCH_CHARS = 16 << 20  # text handed to one (parallel) encode_batch call
 @dataclass(frozen=True)
 class TokenCache:
     """A complete cache folder opened for reading: the fitted tokenizer, one read-only memmap of ids per split, one
-    of the offsets where the split's documents begin, and one of each position's UTF-8 length for the splits that
-    have ``<unk>`` (``target_bytes``; absent where the tokenizer's table is exact)."""
+    of the offsets where the split's documents begin, one of each position's UTF-8 length for the splits that
+    have ``<unk>`` (``target_bytes``; absent where the tokenizer's table is exact), and one of the answers' token
+    spans for the splits whose source marks answers (``answers``)."""
 
     folder: Path
     tokenizer: Tokenizer
@@ -52,6 +55,7 @@ class TokenCache:
     meta: dict[str, Any]
     docs: dict[str, np.ndarray] = field(default_factory=dict)
     target_bytes: dict[str, np.ndarray] = field(default_factory=dict)
+    answers: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -99,7 +103,7 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
     for split in SPLITS:
         unknown: Counter[str] = Counter()
         encode_start = time.perf_counter()
-        ids, starts, empty, n_bytes, position_bytes = encode_documents(source, split, tokenizer, unknown)
+        ids, starts, empty, n_bytes, position_bytes, answers = encode_documents(source, split, tokenizer, unknown)
         encode_seconds += time.perf_counter() - encode_start
         if ids.size == 0:
             raise DataError(f"{source.setting(split)} gives no tokens; point it at a non-empty corpus")
@@ -115,6 +119,8 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
         if position_bytes is not None:
             position_bytes = position_bytes.astype(bytes_dtype(int(position_bytes.max())))
             _write_atomic(folder / f"{split}.bytes.npy", lambda f, b=position_bytes: np.save(f, b))
+        if answers is not None:
+            _write_atomic(folder / f"{split}.answers.npy", lambda f, a=answers: np.save(f, a))
         table_bytes = int(tokenizer.token_bytes()[ids].sum())
         counted = table_bytes if position_bytes is None else int(position_bytes.sum(dtype=np.int64))
         splits[split] = {"tokens": int(ids.size), "bytes": n_bytes, "token_bytes": table_bytes,
@@ -129,11 +135,12 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
     _write_atomic(folder / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
 
 
-def encode_documents(source: Source, split: str, tokenizer: Tokenizer,
-                     unknown: Counter[str]) -> tuple[np.ndarray, np.ndarray, int, int, np.ndarray | None]:
+def encode_documents(source: Source, split: str, tokenizer: Tokenizer, unknown: Counter[str]
+                     ) -> tuple[np.ndarray, np.ndarray, int, int, np.ndarray | None, np.ndarray | None]:
     """The split's ids, the offsets where its documents begin (int64, from 0), how many documents gave no tokens
-    (skipped: their boundary would coincide with the next document's), the split's UTF-8 size, and each position's
-    UTF-8 length where the split has ``<unk>`` (else None: the tokenizer's table counts every id exactly). Subword
+    (skipped: their boundary would coincide with the next document's), the split's UTF-8 size, each position's
+    UTF-8 length where the split has ``<unk>`` (else None: the tokenizer's table counts every id exactly), and the
+    ``[start, end)`` token spans of the pieces marked as answers (None where the source marks none). Subword
     tokenizers get the documents in batches to encode in parallel."""
     encode_batch = getattr(tokenizer, "encode_batch", None)
     unknown_bytes = getattr(tokenizer, "unknown_bytes", None)  # tokenizers that can give <unk>
@@ -141,8 +148,12 @@ def encode_documents(source: Source, split: str, tokenizer: Tokenizer,
     pieces: list[tuple[bool, np.ndarray]] = []  # (a document begins here, ids)
     replaced: dict[int, np.ndarray] = {}  # piece → the bytes of each of its <unk>
     batch: list[tuple[bool, str]] = []
+    marked: list[int] = []  # the pieces that are answers
     chars = n_bytes = 0
-    for begins, text in documents(source, split):
+    for piece in documents(source, split):
+        begins, text = piece[0], piece[1]
+        if len(piece) > 2 and piece[2]:
+            marked.append(len(pieces) + len(batch))
         _check_text(text, source, split, tokenizer)
         n_bytes += len(text.encode("utf-8", "surrogateescape"))
         if encode_batch is None:
@@ -160,8 +171,9 @@ def encode_documents(source: Source, split: str, tokenizer: Tokenizer,
             batch, chars = [], 0
     if batch:
         pieces += zip([b for b, _ in batch], encode_batch([t for _, t in batch]), strict=True)
-    starts, empty, offset, pending = [], 0, 0, False
+    starts, empty, offset, pending, offsets = [], 0, 0, False, []
     for begins, ids in pieces:
+        offsets.append(offset)
         if begins:
             empty += pending  # the previous document ended before it gave a token
             pending = True
@@ -179,7 +191,10 @@ def encode_documents(source: Source, split: str, tokenizer: Tokenizer,
         for i, real in replaced.items():
             parts[i][pieces[i][1] == tokenizer.unk_id] = real
         position_bytes = np.concatenate(parts)
-    return ids, np.asarray(starts, dtype=np.int64), empty, n_bytes, position_bytes
+    answers = None
+    if marked:
+        answers = np.array([(offsets[i], offsets[i] + pieces[i][1].size) for i in marked], dtype=np.int64)
+    return ids, np.asarray(starts, dtype=np.int64), empty, n_bytes, position_bytes, answers
 
 
 def _publish(work: Path, folder: Path) -> None:
@@ -211,7 +226,9 @@ def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLik
     docs = {split: np.load(folder / f"{split}.docs.npy", mmap_mode="r") for split in SPLITS}
     target_bytes = {split: np.load(folder / f"{split}.bytes.npy", mmap_mode="r") for split in SPLITS
                     if (folder / f"{split}.bytes.npy").is_file()}
-    return TokenCache(folder, fitted, splits, meta, docs, target_bytes)
+    answers = {split: np.load(folder / f"{split}.answers.npy") for split in SPLITS
+               if (folder / f"{split}.answers.npy").is_file()}
+    return TokenCache(folder, fitted, splits, meta, docs, target_bytes, answers)
 
 
 def _checked_texts(source: Source, split: str, tokenizer: Tokenizer) -> Iterator[str]:
