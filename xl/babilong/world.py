@@ -56,7 +56,6 @@ class World:
         self.at = {a: self.rng.choice(LOCATIONS) for a in self.actors}  # true locations of the actors
         self.holder: dict[str, str | None] = dict.fromkeys(OBJECTS)  # true (and known: every change is a fact)
         self.lying = {o: self.rng.choice(LOCATIONS) for o in OBJECTS}  # true location of an object nobody holds
-        self.true_history = {o: [self.lying[o]] for o in OBJECTS}  # every location each object was in, in order
         self.actor_at: dict[str, Known] = {}  # what the reader knows: where an actor is (from moves)
         self.held: dict[str, Known] = {}  # who holds an object (the fact that gave it to them)
         self.object_at: dict[str, Known] = {}  # where an object is
@@ -106,7 +105,6 @@ class World:
             self.actor_at[a] = Known(target, frozenset({i}))
             for o in OBJECTS:
                 if self.holder[o] == a:  # what an actor carries goes with them
-                    self.true_history[o].append(target)
                     self._object_now(o, Known(target, self.held[o].support | {i}))
         elif action.kind == "get":
             self.holder[target] = a
@@ -131,9 +129,12 @@ class World:
         return i
 
     def _object_now(self, o: str, known: Known) -> None:
-        """The reader now knows that ``o`` is at ``known.value``; a new location extends its known history."""
+        """The reader now knows that ``o`` is at ``known.value``: a new location extends its known history, the same
+        one is now known from these facts (the latest, which a question about it cites)."""
         self.object_at[o] = known
-        if not self.history[o] or self.history[o][-1].value != known.value:
+        if self.history[o] and self.history[o][-1].value == known.value:
+            self.history[o][-1] = known
+        else:
             self.history[o].append(known)
 
     def sentence(self, action: Action) -> str:
