@@ -34,12 +34,15 @@ VERSION = 1  # of the samples' layout and generator: a change gets new token cac
 
 
 def token_counter(tokenizer: Tokenizer) -> Callable[[str], int]:
-    """How many tokens ``tokenizer`` gives a text, before it is fitted (byte, char, word) or as read from a file."""
+    """How many tokens ``tokenizer`` gives a text inside a longer one, before it is fitted (byte, char, word) or as
+    read from a file: counted before a line end, so that a piece that ends inside a line does not count the
+    end-of-line symbol the word tokenizer closes a text with."""
     if isinstance(tokenizer, SubwordTokenizer) and "file_sha256" not in tokenizer.settings:
         raise DataError(f"data=babilong counts lengths in the model's tokens, which a {tokenizer.name} vocabulary "
                         "fitted on the samples cannot give before they exist; set data.tokenizer_file to a "
                         "tokenizer.json, or data.tokenizer=byte, char or word")
-    return lambda text: len(tokenizer.encode(text))
+    line_end = len(tokenizer.encode("\n"))
+    return lambda text: len(tokenizer.encode(text + "\n")) - line_end
 
 
 def check_tasks(tasks: Sequence[str], setting: str = "data.tasks") -> list[str]:

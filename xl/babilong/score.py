@@ -98,22 +98,32 @@ class Reader:
         self.stops = torch.tensor([i for i in range(vocab) if "\n" in self.tokenizer.decode([i])],
                                   dtype=torch.long, device=self.model.device)
 
-    @torch.no_grad()
     def answer(self, prompts: list[str]) -> list[str]:
-        """Each prompt's greedy continuation up to its first line end (or ``max_new_tokens``)."""
+        """Each prompt's greedy answer: its continuation's text up to the first line end."""
+        return [self.tokenizer.decode(ids).split("\n")[0] for ids in self.continuations(prompts)]
+
+    @torch.no_grad()
+    def read(self, prompts: list[str]) -> tuple[Any, torch.Tensor]:
+        """A decoder that has read the prompts, one per row, and the logits [B, vocab] after each. The rows end
+        together: each prompt is preceded by filler, which it never sees (the prompt begins a document)."""
         ids = [self.tokenizer.encode(p) for p in prompts]
         width = max(len(i) for i in ids)
-        device = self.model.device
         tokens = torch.zeros(len(ids), width, dtype=torch.long)
         starts = torch.zeros(len(ids), width, dtype=torch.bool)
         for row, row_ids in enumerate(ids):
             tokens[row, width - len(row_ids):] = torch.tensor(np.asarray(row_ids), dtype=torch.long)
-            starts[row, width - len(row_ids)] = True  # the sample begins a document: the filler stays unseen
+            starts[row, width - len(row_ids)] = True
         padded = any(len(i) < width for i in ids)
+        device = self.model.device
         decoder = self.model.decoder(len(ids), self.context["window"], clamp_len=self.context["clamp_len"],
                                      same_length=self.context["same_length"])
-        logits = decoder.prefill(tokens.to(device), self.seg_len, starts.to(device) if padded else None)
-        new, done = [], torch.zeros(len(ids), dtype=torch.bool, device=device)
+        return decoder, decoder.prefill(tokens.to(device), self.seg_len, starts.to(device) if padded else None)
+
+    @torch.no_grad()
+    def continuations(self, prompts: list[str]) -> list[list[int]]:
+        """Each prompt's greedy continuation, up to and with its first line end (at most ``max_new_tokens``)."""
+        decoder, logits = self.read(prompts)
+        new, done = [], torch.zeros(len(prompts), dtype=torch.bool, device=logits.device)
         for step in range(self.max_new_tokens):
             token = logits.argmax(-1)
             new.append(token)
@@ -121,8 +131,9 @@ class Reader:
             if bool(done.all()) or step + 1 == self.max_new_tokens:
                 break
             logits = decoder.feed(token)
-        texts = [self.tokenizer.decode(row) for row in torch.stack(new, 1).cpu().numpy()]
-        return [text.split("\n")[0] for text in texts]
+        stops = set(self.stops.tolist())
+        rows = torch.stack(new, 1).tolist()
+        return [row[: next((i + 1 for i, t in enumerate(row) if t in stops), len(row))] for row in rows]
 
 
 def check_config(cfg: DictConfig) -> None:
