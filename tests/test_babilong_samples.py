@@ -125,7 +125,7 @@ def test_pg19_offline_fails_at_once_saying_what_to_do(monkeypatch):
 
 def test_a_subword_vocabulary_to_be_fitted_is_refused_and_one_from_a_file_counts(tmp_path):
     with pytest.raises(DataError, match="data.tokenizer_file"):
-        token_counter(make_tokenizer("bpe"))
+        BabilongDataModule(TextSource(), tokenizer="bpe")
     fitted = make_tokenizer("bpe", vocab_size=300)
     fitted.fit([PROSE * 5])
     path = tmp_path / "tokenizer.json"
@@ -200,3 +200,28 @@ def test_bad_data_settings_are_refused_in_one_sentence(settings, message):
     with pytest.raises(DataError, match=message) as err:
         BabilongDataModule(StdlibSource(), **kwargs)
     assert "\n" not in str(err.value)
+
+
+def test_the_babilong_experiment_composes_and_passes_every_rule():
+    from tests.conftest import compose_config
+    from xl.build import check_settings
+
+    cfg = compose_config("experiment=babilong")
+    check_settings(cfg)
+    assert (cfg.data._target_, list(cfg.data.tasks), cfg.data.loss) == ("xl.babilong.data.BabilongDataModule",
+                                                                        ["qa1"], "answer")
+    assert cfg.memory.doc_boundaries == "reset"
+
+
+def test_the_examples_of_the_docs_are_what_the_generator_writes():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "babilong.md").read_text()
+    shown = page.split("<!-- BEGIN EXAMPLES -->", 1)[1].split("<!-- END EXAMPLES -->", 1)[0]
+    blocks = [b.split("\n", 1)[1] for b in shown.split("```text")[1:]]
+    count = counter("byte")
+    made = []
+    for task in ("qa1", "qa4"):
+        sample = next(samples(task, 0, "test", 0, Sentences(StdlibSource(), "test", count), count))
+        made.append(sample.prompt + sample.answer)
+    assert [b.split("```")[0] for b in blocks] == made

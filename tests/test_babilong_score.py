@@ -19,10 +19,12 @@ from xl.data.tokenizers import make_tokenizer
 from xl.model import TransformerXL, XLConfig
 
 PROMPTS = ["Mary went to the kitchen.\nQuestion: Where is Mary?\n", "Question: Where?\n",
-           "John moved to the garden. Mary moved to the office. John went back to the hallway.\nQuestion: Where is John?\n"]
+           "John moved to the garden. Mary moved to the office. John went back to the hallway.\n"
+           "Question: Where is John?\n"]
 
 
-def greedy_by_recomputation(model: TransformerXL, ids: list[int], n: int, stop: int) -> tuple[torch.Tensor, list[int]]:
+def greedy_by_recomputation(model: TransformerXL, ids: list[int], n: int, stop: int
+                            ) -> tuple[torch.Tensor, list[int]]:
     """The logits after the text and its greedy continuation, each token from a fresh forward over the whole text
     with no memory: the obviously right answer."""
     tokens = torch.tensor([ids], dtype=torch.long)

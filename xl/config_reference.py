@@ -9,8 +9,16 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from xl.bounds import bound_of, describe_type, help_of
-from xl.schema import (CALLBACKS, LOGGERS, SCHEMAS, BabilongDataSchema, EvaluateSchema, FilesDataSchema,
-                       SourceDataSchema, TrainSchema)
+from xl.schema import (
+    CALLBACKS,
+    LOGGERS,
+    SCHEMAS,
+    BabilongDataSchema,
+    EvaluateSchema,
+    FilesDataSchema,
+    SourceDataSchema,
+    TrainSchema,
+)
 
 BEGIN, END = "<!-- BEGIN GENERATED: python -m xl.config_reference -->", "<!-- END GENERATED -->"
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"

@@ -6,6 +6,6 @@ tasks qa1–qa5) from their generator's rules; :mod:`~xl.babilong.lengths` reads
 facts in background text up to a length in the model's own tokens; :mod:`~xl.babilong.data` is the data group
 ``data=babilong``; :mod:`~xl.babilong.answers` is BABILong's scoring rule.
 
-The application, ``python -m xl.babilong`` (:mod:`~xl.babilong.score`, :mod:`~xl.babilong.report`), scores a
-trained run. The library never imports the application.
+The application, the scoring command (:mod:`~xl.babilong.score`, run as ``xl.babilong``'s ``__main__``, and
+:mod:`~xl.babilong.report`), scores a trained run. The library never imports the application.
 """

@@ -34,13 +34,9 @@ VERSION = 1  # of the samples' layout and generator: a change gets new token cac
 
 
 def token_counter(tokenizer: Tokenizer) -> Callable[[str], int]:
-    """How many tokens ``tokenizer`` gives a text inside a longer one, before it is fitted (byte, char, word) or as
-    read from a file: counted before a line end, so that a piece that ends inside a line does not count the
-    end-of-line symbol the word tokenizer closes a text with."""
-    if isinstance(tokenizer, SubwordTokenizer) and "file_sha256" not in tokenizer.settings:
-        raise DataError(f"data=babilong counts lengths in the model's tokens, which a {tokenizer.name} vocabulary "
-                        "fitted on the samples cannot give before they exist; set data.tokenizer_file to a "
-                        "tokenizer.json, or data.tokenizer=byte, char or word")
+    """How many tokens ``tokenizer`` gives a text inside a longer one: counted before a line end, so that a piece
+    that ends inside a line does not count the end-of-line symbol the word tokenizer closes a text with. Byte, char
+    and word tokenizers count before they are fitted; a subword one must be fitted or read from a file."""
     line_end = len(tokenizer.encode("\n"))
     return lambda text: len(tokenizer.encode(text + "\n")) - line_end
 
@@ -109,6 +105,10 @@ class BabilongDataModule(SegmentDataModule):
                             "set data.doc_sep=null")
         tokenizer = make_tokenizer(kwargs.get("tokenizer", "byte"), kwargs.get("tokenizer_file"),
                                    **dict(kwargs.get("tokenizer_kwargs") or {}))
+        if isinstance(tokenizer, SubwordTokenizer) and "file_sha256" not in tokenizer.settings:
+            raise DataError(f"data=babilong counts lengths in the model's tokens, which a {tokenizer.name} "
+                            "vocabulary fitted on the samples cannot give before they exist; set data.tokenizer_file "
+                            "to a tokenizer.json, or data.tokenizer=byte, char or word")
         sizes = {"train": train_samples, "val": eval_samples, "test": eval_samples}
         source = BabilongSource(background, tasks, tokens, sizes, seed, token_counter(tokenizer), tokenizer.key())
         super().__init__(source, **kwargs)

@@ -147,7 +147,8 @@ def log_results(cfg: DictConfig, values: dict[str, Any], heatmap: Path) -> str |
 
     columns = ["task", "length", "tokens", "accuracy", "correct", "samples", "mean_context_tokens", "tok_s"]
     rows = [[c[k] for k in columns] for c in values["cells"]]
-    run.log({"babilong/accuracy": wandb.Table(columns=columns, data=rows), "babilong/heatmap": wandb.Image(str(heatmap))})
+    run.log({"babilong/accuracy": wandb.Table(columns=columns, data=rows),
+             "babilong/heatmap": wandb.Image(str(heatmap))})
     where = f"W&B run {run.id}: {Path(run.dir).parent}"
     run.finish()
     return where
@@ -179,7 +180,7 @@ class BabilongSummary(Callback):
         if run is not None:
             import wandb
 
-            run.log({"babilong/summary": wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in flat]),
-                     "babilong/summary_plot": wandb.Image(str(plot))})
+            summary = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in flat])
+            run.log({"babilong/summary": summary, "babilong/summary_plot": wandb.Image(str(plot))})
             run.finish()
         log.info("babilong summary: %s", sweep_dir / "summary.md")

@@ -13,8 +13,8 @@ newline. Lengths count the model's own tokens with ``count`` (:func:`xl.babilong
 and answer excluded, as BABILong's ``sample_size`` counts its context. Where BABILong cuts the last sentence to hit
 the length exactly, here the context stops before the sentence that would pass it (the context ends with a line
 end): ``tokens <= length < tokens + next_tokens + count("\\n")``, ``next_tokens`` being the next sentence's (at most
-``MAX_UNIT_TOKENS``). Length 0 is the facts alone, as in BABILong's ``0k``. A story whose facts do not fit the length is passed over for the next one (BABILong
-drops bAbI samples with more than length / 8 facts).
+``MAX_UNIT_TOKENS``). Length 0 is the facts alone, as in BABILong's ``0k``. A story whose facts do not fit the length
+is passed over for the next one (BABILong drops bAbI samples with more than length / 8 facts).
 
 Splits: a story belongs to the train, val or test split by a hash of its text (80/10/10), and each split's stories
 are drawn from their own seeded stream and kept only if they are the split's, so no story (facts and question) is

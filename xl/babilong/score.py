@@ -35,7 +35,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from xl.babilong.answers import is_correct
 from xl.babilong.background import Sentences
-from xl.babilong.data import check_tasks
+from xl.babilong.data import check_tasks, token_counter
 from xl.babilong.lengths import WORDS, is_length, length_name, parse_length
 from xl.babilong.report import Cell, log_results, record, table, write_results
 from xl.babilong.samples import Sample, samples
@@ -176,7 +176,7 @@ def reader_of(cfg: DictConfig, run: TrainedRun) -> tuple[Reader, str]:
 
 def score_cell(reader: Reader, background: Any, task: str, length: Any, cfg: DictConfig) -> Cell:
     """Accuracy on ``cfg.samples`` test samples of ``task`` at ``length``, read ``cfg.batch_size`` at a time."""
-    count = (lambda text: len(reader.tokenizer.encode(text)))
+    count = token_counter(reader.tokenizer)  # as the samples a run trained on were counted
     stream = samples(task, parse_length(length), "test", cfg.seed, Sentences(background, "test", count), count)
     cell = Cell(task, length_name(length), parse_length(length))
     start = time.perf_counter()

@@ -6,9 +6,9 @@ from the run's is refused, never mixed. Each split has its ids (``<split>.npy``)
 documents begin (``<split>.docs.npy``, int64, sorted, from 0), both memory-mapped when read. A split where the
 tokenizer gave ``<unk>`` (whose one table entry cannot say how many bytes each replaced) also has the UTF-8 length
 of every position's text (``<split>.bytes.npy``, the smallest unsigned dtype that holds them), so that bits per
-byte count the real bytes; where the tokenizer's per-id table is exact there is no such file. A split whose source marks answer pieces
-(:mod:`xl.data.sources`) also has their token spans (``<split>.answers.npy``, int64 ``[n, 2]`` of start and end
-offsets, sorted). A cache is built in
+byte count the real bytes; where the tokenizer's per-id table is exact there is no such file. A split whose source
+marks answer pieces (:mod:`xl.data.sources`) also has their token spans (``<split>.answers.npy``, int64 ``[n, 2]``
+of start and end offsets, sorted). A cache is built in
 a private temporary folder (the fitted vocabulary and the ids it gave, together) and renamed into place only when
 complete, ``meta.json`` included, so a crash, a full disk or two processes building at once never leave a cache
 that a later run trusts.
