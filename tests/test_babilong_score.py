@@ -122,3 +122,15 @@ def test_the_library_does_not_import_the_application():
         text = (folder / f"{name}.py").read_text()
         assert "xl.babilong.score" not in text and "xl.babilong.report" not in text, name
     assert sys.modules["xl.babilong.score"] is score
+
+
+def test_evaluate_refuses_the_modes_that_would_score_every_target_of_answer_only_data(qa1_run, monkeypatch, tmp_path):
+    import xl.evaluate
+
+    monkeypatch.setenv("XL_CACHE_DIR", str(qa1_run.parent / "cache"))
+    with pytest.raises(SystemExit) as stop:
+        run_hydra_main(xl.evaluate.main, ["xl/evaluate.py", f"ckpt={qa1_run}", "vanilla=true", "logger=none",
+                                          f"hydra.run.dir={tmp_path}"], monkeypatch)
+    assert str(stop.value.code) == ("error: vanilla=true and per_document=true score every target, but this data "
+                                    "scores answer tokens only; set data.loss=all, or vanilla=false and "
+                                    "per_document=false")

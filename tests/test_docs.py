@@ -121,7 +121,8 @@ SCALE_FRONT = {  # put before the command's own arguments: its parser takes Hydr
 SCALE_IF = {  # appended when the command selects what the key names
     "hydra/sweeper=optuna_mem": ["hydra.sweeper.n_trials=2"],
     "data=babilong": ["data.train_samples=24", "data.eval_samples=4"],
-    "experiment=babilong": ["data.train_samples=24", "data.eval_samples=4"],
+    "experiment=babilong": ["data.train_samples=24", "data.eval_samples=4", "model.n_layer=2", "model.d_model=32",
+                            "model.n_head=2", "model.d_head=16", "model.d_inner=64", "memory.mem_len=16"],
 }
 SCALE_UNLESS_SET = {  # appended unless the command sets the key itself
     "train.py": ["logger=none"],

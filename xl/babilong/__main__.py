@@ -1,4 +1,4 @@
-"""``python -m xl.babilong ckpt=RUN [key=value ...]``: score a trained run (:mod:`xl.babilong.score`)."""
+"""The scoring command: score a trained run on BABILong-style tasks (:mod:`xl.babilong.score`)."""
 
 from xl.babilong.score import main
 

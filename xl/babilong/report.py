@@ -1,4 +1,4 @@
-"""What ``python -m xl.babilong`` reports: ``results.json``, the printed table, the heatmap, W&B, and a sweep's summary.
+"""What the scorer (:mod:`xl.babilong.score`) reports: ``results.json``, the table, the heatmap, W&B, a sweep's summary.
 
 The heatmap is BABILong's leaderboard figure (its ``notebooks/draw_evals.ipynb``): tasks down, context lengths across,
 the accuracy in percent in each cell, coloured from red (0) through yellow to green (100). Under ``-m``

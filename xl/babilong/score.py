@@ -1,4 +1,4 @@
-"""Score a trained run on BABILong-style tasks: ``python -m xl.babilong ckpt=RUN [key=value ...]`` (Hydra).
+"""Score a trained run on BABILong-style tasks, with Hydra's command line (``key=value`` settings, ``-m`` sweeps).
 
 For every task and length (``tasks=[qa1,qa2,qa3] lengths=[0,1k,4k,16k] samples=100``) the scorer makes ``samples``
 test-split samples (:mod:`xl.babilong.samples`: never a story the run trained on, the same ones for a seed), lengths
@@ -15,9 +15,9 @@ length (``seg_len``). Results: ``results.json``, ``heatmap.png`` (tasks x length
 BABILong's leaderboard draws it) and the printed table in the output folder, and a W&B table (offline). Under
 ``-m`` the sweep folder gets ``summary.csv``, ``summary.md`` and ``summary.png``, one heatmap per job.
 
-Example, with RUN the run folder train.py printed::
+Example, with runs/qa1 the run folder (docs/babilong.md)::
 
-    python -m xl.babilong ckpt=RUN tasks=[qa1] lengths=[0,1k,2k,4k] samples=20
+    python -m xl.babilong ckpt=runs/qa1 tasks=[qa1] lengths=[0,1k,2k,4k] samples=100
 """
 
 from __future__ import annotations
@@ -163,10 +163,12 @@ def background_of(cfg: DictConfig, run: TrainedRun) -> Any:
 def reader_of(cfg: DictConfig, run: TrainedRun) -> tuple[Reader, str]:
     device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
                           else "cpu")
+    seg_len = cfg.seg_len or run.checkpoint.train_tgt_len
+    if seg_len is None:
+        raise ConfigError(f"ckpt={cfg.ckpt} does not record its training segment length; set seg_len=N")
     tokenizer = run.tokenizer
     model = run.model().to(device)
-    context, described = decoding_context(cfg, run.checkpoint)
-    seg_len = cfg.seg_len or run.checkpoint.train_tgt_len or (run.data if run.folder else {}).get("tgt_len") or 128
+    context, described = decoding_context(OmegaConf.merge(cfg, {"seg_len": seg_len}), run.checkpoint)
     try:
         model.decoder(1, context["window"], clamp_len=context["clamp_len"], same_length=context["same_length"])
     except ValueError as err:  # the decoder's context checks name mem_len, clamp_len, same_length

@@ -29,6 +29,8 @@ STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)
 class SegmentDataModule(lightning.LightningDataModule):
     """Never-shuffled Transformer-XL segments of one corpus; ``eval_*`` default to the training values."""
 
+    scored = "every token"  # which targets the loss and the metrics count, in words (results.json's "scored")
+
     def __init__(
         self,
         source: Source,
@@ -135,8 +137,6 @@ class SegmentDataModule(lightning.LightningDataModule):
                                  scored=scored)
         return SegmentLoader(ids, self.eval_batch_size, self.eval_tgt_len, rank, world_size, split, doc_starts=docs,
                              target_bytes=n_bytes, scored=scored)
-
-    scored = "every token"  # which targets the loss and the metrics count, in words (results.json's "scored")
 
     def scored_spans(self, split: str) -> np.ndarray | None:
         """The ``[start, end)`` token spans whose targets are scored (None: every target); a data module that
