@@ -35,15 +35,14 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from xl.babilong.answers import is_correct
 from xl.babilong.background import Sentences
-from xl.babilong.data import check_tasks, token_counter
+from xl.babilong.data import token_counter
 from xl.babilong.lengths import WORDS, is_length, length_name, parse_length
-from xl.babilong.report import Cell, log_results, record, table, write_results
+from xl.babilong.report import HEATMAP, Cell, log_results, record, table, write_results
 from xl.babilong.samples import Sample, samples
 from xl.babilong.tasks import LABELS, TASKS
 from xl.bounds import Bound, one_of, optional, setting
 from xl.config import ConfigError, entry_point
 from xl.console import errors_logged, quiet_warnings
-from xl.data.errors import DataError
 from xl.data.sources import StdlibSource
 from xl.generate import decoding_context
 from xl.rules import check_bounds
@@ -136,12 +135,9 @@ class Reader:
         return [row[: next((i + 1 for i, t in enumerate(row) if t in stops), len(row))] for row in rows]
 
 
-def check_config(cfg: DictConfig) -> None:
+def check_settings(cfg: DictConfig) -> None:
+    """The schema's bounds, and a device that exists, before the run is read."""
     check_bounds(cfg)
-    try:
-        check_tasks(list(cfg.tasks), "tasks")
-    except DataError as err:
-        raise ConfigError(str(err)) from None
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda but no CUDA GPU is visible; use device=cpu or device=auto")
 
@@ -199,14 +195,14 @@ def score_cell(reader: Reader, background: Any, task: str, length: Any, cfg: Dic
 
 def score(cfg: DictConfig) -> dict[str, Any]:
     """Score ``cfg.ckpt``; returns what ``results.json`` holds."""
-    check_config(cfg)
+    check_settings(cfg)
     torch.manual_seed(cfg.seed)
     run = TrainedRun.open(cfg.ckpt)
     reader, described = reader_of(cfg, run)
     background = background_of(cfg, run)
     log.info("babilong: %s\n  %s; background %s", run.checkpoint.path, described, background.setting("test"))
     cells = []
-    for task in check_tasks(list(cfg.tasks), "tasks"):
+    for task in cfg.tasks:
         for length in cfg.lengths:
             cells.append(score_cell(reader, background, task, length, cfg))
             c = cells[-1]
@@ -214,9 +210,10 @@ def score(cfg: DictConfig) -> dict[str, Any]:
                      c.seconds)
     values = record(cfg, run, reader.context, described, background.setting("test"), cells)
     written = write_results(cfg.paths.output_dir, values)
-    logged = log_results(cfg, values, written.parent / "heatmap.png")
+    heatmap = written.parent / HEATMAP
+    logged = log_results(cfg, values, heatmap)
     log.info("babilong accuracy (%%, %d samples per cell)\n%s\n  results: %s\n  heatmap: %s%s", cfg.samples,
-             table(values), written, written.parent / "heatmap.png", f"\n  {logged}" if logged else "")
+             table(values), written, heatmap, f"\n  {logged}" if logged else "")
     return values
 
 
