@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from tests.babilong_solver import find_facts, solve
+from tests.helpers.babilong_solver import find_facts, solve
 from xl.babilong.background import MAX_UNIT_TOKENS, PG19Source, Sentences, units
 from xl.babilong.data import BabilongDataModule, BabilongSource, token_counter
 from xl.babilong.samples import hide, samples, split_of, stories

@@ -1,5 +1,5 @@
 """The bAbI stories of xl.babilong.tasks: every answer follows from the facts, and from its supporting facts alone,
-by the tests' own solver (tests/babilong_solver.py), in a world that could be; the same seed writes the same
+by the tests' own solver (tests/helpers/babilong_solver.py), in a world that could be; the same seed writes the same
 stories."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tests.babilong_solver import Unanswerable, check_consistent, solve
+from tests.helpers.babilong_solver import Unanswerable, check_consistent, solve
 from xl.babilong.tasks import GENERATORS, LABELS, TASKS, Story
 
 STORIES = 400  # per task
