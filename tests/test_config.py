@@ -148,7 +148,7 @@ DATA = {  # source class (None: local files), its name argument, tokenizer
     "stdlib": ("StdlibSource", None, "byte"), "text": ("TextFilesSource", None, "byte"),
     "enwik8": ("HubSource", "enwik8", "byte"), "text8": ("HubSource", "text8", "char"),
     "wikitext103": ("HubSource", "wikitext-103", "word"), "wikitext2": ("HubSource", "wikitext-2", "word"),
-    "recall": ("RecallSource", None, "byte"),
+    "recall": ("RecallSource", None, "byte"), "babilong": ("BabilongSource", None, "byte"),
 }
 
 
@@ -223,8 +223,11 @@ def test_schema_mirrors_the_code_it_configures():
             assert names(schema) <= set(parameters), schema.__name__
 
 
-def parent_defaults(group: str, entry: str) -> dict:
-    """What an option file's defaults-list entry gives: a schema's defaults, or another option composed."""
+def parent_defaults(group: str, entry: str | dict) -> dict:
+    """What an option file's defaults-list entry gives: a schema's defaults, another option composed, or a nested
+    group's option under its key (data/babilong's background)."""
+    if isinstance(entry, dict):
+        return {sub: option_values(f"{group}/{sub}", option) for sub, option in entry.items()}
     node = SCHEMAS.get(entry.removeprefix("/").removesuffix("@_here_"))
     if node is not None:
         return OmegaConf.to_container(OmegaConf.create(

@@ -48,7 +48,8 @@ BASH = shutil.which("bash") or "/bin/bash"
 CI_COMMAND = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
 
 # Hydra entry points and the config each composes (for commands that are only composed).
-HYDRA_CONFIGS = {"train.py": "config", "xl.evaluate": "evaluate", "xl.generate": "generate", "xl.export": "export"}
+HYDRA_CONFIGS = {"train.py": "config", "xl.evaluate": "evaluate", "xl.generate": "generate", "xl.export": "export",
+                 "xl.babilong": "babilong"}
 
 # Commands shown but not run here, each with the reason (keys: the command as shlex reads it, comments dropped).
 SKIP = {
@@ -62,6 +63,7 @@ SKIP = {
     "python -m xl.bench.gpu --experiment enwik8_base": "needs a CUDA GPU",
     # downloads and accounts
     "python train.py data=wikitext103": "downloads WikiText-103",
+    "python train.py data=babilong data/background=pg19": "streams PG-19 from the Hugging Face hub",
     "python train.py data=wikitext103 model.cutoffs=[20000,40000,200000] model.div_val=4": "downloads WikiText-103",
     "python train.py experiment=enwik8_base": "downloads enwik8; a GPU-sized run",
     "python train.py experiment=enwik8_large trainer=ddp trainer.devices=8": "downloads enwik8; needs 8 GPUs",
@@ -100,6 +102,7 @@ SCALE = {
                  "+trainer.enable_model_summary=false"],
     "xl.evaluate": ["data.batch_size=2", "trainer.limit_val_batches=10", "trainer.limit_test_batches=10"],
     "xl.generate": ["max_new_tokens=4"],
+    "xl.babilong": ["samples=2", "batch_size=2", "max_new_tokens=3", "seg_len=512"],
     "xl.probe": ["--steps", "2", "--distances", "4", "16"],
     "xl.footprint": [],
     "xl.convert": [],
@@ -121,10 +124,14 @@ SCALE_FRONT = {  # put before the command's own arguments: its parser takes Hydr
 }
 SCALE_IF = {  # appended when the command selects what the key names
     "hydra/sweeper=optuna_mem": ["hydra.sweeper.n_trials=2"],
+    "data=babilong": ["data.train_samples=24", "data.eval_samples=4"],
+    "experiment=babilong": ["data.train_samples=24", "data.eval_samples=4", "model.n_layer=2", "model.d_model=32",
+                            "model.n_head=2", "model.d_head=16", "model.d_inner=64", "memory.mem_len=16"],
 }
 SCALE_UNLESS_SET = {  # appended unless the command sets the key itself
     "train.py": ["logger=none"],
     "xl.evaluate": ["logger=none"],
+    "xl.babilong": ["logger=none"],
 }
 
 # The files the docs' commands name, made in the folder the commands run in.

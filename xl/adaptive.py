@@ -152,7 +152,7 @@ class AdaptiveLogSoftmax(nn.Module):
         return torch.cat(parts, dim=-1)
 
     def nll(self, hidden: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
-        """Token-mean negative log-likelihood over ``targets != ignore_index`` (NaN when there are none)."""
+        """Token-mean negative log-likelihood over ``targets != ignore_index`` (0 when there are none)."""
         hidden, targets = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
         valid = targets != ignore_index
         targets = targets.masked_fill(~valid, 0)
@@ -167,4 +167,4 @@ class AdaptiveLogSoftmax(nn.Module):
             tail = self._scores(hidden[rows], i).log_softmax(-1)
             word = (targets[rows] - self.bounds[i])[:, None]
             logp = logp.index_add(0, rows, tail.gather(1, word).squeeze(1))
-        return -(logp * valid).sum() / valid.sum()
+        return -(logp * valid).sum() / valid.sum().clamp(min=1)

@@ -210,6 +210,7 @@ class JobSummary(L.Callback):
             "num_tokens": cfg.num_tokens,
             "grad_segments": pl_module.grad_segments,
             "doc_boundaries": pl_module.doc_boundaries,
+            "scored": getattr(datamodule, "scored", "every token"),  # which targets the metrics count
             "tgt_len": datamodule.tgt_len,
             "batch_size": datamodule.batch_size,
             "unit": pl_module.quality_name,

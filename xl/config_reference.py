@@ -10,7 +10,15 @@ from typing import Any, get_type_hints
 
 from xl.bounds import bound_of, describe_type, help_of
 from xl.callback_schema import CALLBACKS, LOGGERS
-from xl.schema import SCHEMAS, EvaluateSchema, FilesDataSchema, GenerateSchema, SourceDataSchema, TrainSchema
+from xl.schema import (
+    SCHEMAS,
+    BabilongDataSchema,
+    EvaluateSchema,
+    FilesDataSchema,
+    GenerateSchema,
+    SourceDataSchema,
+    TrainSchema,
+)
 
 BEGIN, END = "<!-- BEGIN GENERATED: python -m xl.config_reference -->", "<!-- END GENERATED -->"
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -36,11 +44,11 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def rows(schema: type, prefix: str) -> list[str]:
+def rows(schema: type, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
     hints = get_type_hints(schema)
     lines = []
     for f in dataclasses.fields(schema):
-        if f.name.startswith("_") or dataclasses.is_dataclass(hints[f.name]):
+        if f.name.startswith("_") or f.name in skip or dataclasses.is_dataclass(hints[f.name]):
             continue
         bound = bound_of(f)
         allowed = bound.says if bound else ""
@@ -55,10 +63,10 @@ def options(group: str) -> str:
     return ", ".join(f"`{group}={n}`" for n in names)
 
 
-def table(title: str, schema: type, prefix: str, note: str = "") -> list[str]:
+def table(title: str, schema: type, prefix: str, note: str = "", skip: tuple[str, ...] = ()) -> list[str]:
     head = [f"### {title}", ""] + ([note.replace("``", "`"), ""] if note else [])  # Markdown, not reST
     return head + ["| key | type | allowed | default | meaning |", "|---|---|---|---|---|",
-                   *rows(schema, prefix), ""]
+                   *rows(schema, prefix, skip), ""]
 
 
 def reference() -> str:
@@ -73,6 +81,9 @@ def reference() -> str:
                    f"Options: {options('data')}. Sources other than local files take `data.source`.")
     lines += table("`data=text` (local files)", FilesDataSchema, "data.",
                    "The keys above, and the files of each split (the source of data=text).")
+    lines += table("`data=babilong` (BABILong-style samples)", BabilongDataSchema, "data.",
+                   f"The keys above but `data.source`, and these. Backgrounds: {options('data/background')}; see "
+                   "[BABILong-style tasks](babilong.md).", skip=tuple(SourceDataSchema.__dataclass_fields__))
     for name, schema in CALLBACKS.items():
         lines += table(f"`callbacks.{name}`", schema, f"callbacks.{name}.", "Remove with `~callbacks." + name + "`.")
     for name, schema in LOGGERS.items():
@@ -84,6 +95,9 @@ def reference() -> str:
     lines += table("`memory` of `python -m xl.evaluate`", context, "memory.", context.__doc__.replace("\n", " "))
     lines += table("`python -m xl.generate`", GenerateSchema, "", "The data are the run's (`data=run`), as in "
                    "evaluation.")
+    from xl.babilong.score import ScoreSchema  # the scorer's own schema
+
+    lines += table("`python -m xl.babilong`", ScoreSchema, "", "See [BABILong-style tasks](babilong.md).")
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -209,6 +209,10 @@ def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any) ->
         attn_len = cfg.attn_len or default_attn_len(context["mem_len"], datamodule.eval_tgt_len, context["same_length"])
     check_evaluate_config(cfg, model, attn_len)
     per_document = bool(cfg.get("per_document", False))
+    scored = getattr(datamodule, "scored", "every token")
+    if scored != "every token" and (cfg.vanilla or per_document):
+        raise ConfigError(f"vanilla=true and per_document=true score every target, but this data scores {scored}; "
+                          "set data.loss=all, or vanilla=false and per_document=false")
     try:
         module = Evaluator(model, context, datamodule.unit, cfg.warmup, attn_len, eval_doc_boundaries(cfg, checkpoint),
                            per_document)

@@ -22,7 +22,8 @@ vocabulary lacks carries each target's own length with its batches (the token ca
 ``unk_share`` (reported for tokenizers that have ``<unk>``) is the share of the scored bytes that were spelled,
 so ``bpb - 8 × unk_share`` is what the model alone paid per byte, a figure that no other tokenizer can be
 compared with. Sums are kept as float64 nats and int64 token and byte counts, and summed across ranks, so the
-epoch figures are exact whatever the batch sizes.
+epoch figures are exact whatever the batch sizes. A target equal
+to ``IGNORE_INDEX`` is not scored (a loss on answers alone, ``data=babilong``): it counts no token and no byte.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ FALLBACK_BITS = 8  # what bpb charges per UTF-8 byte of the text an <unk> stands
 QUALITY = {"byte": "bpb", "char": "bpc", "word": "ppl", "token": "ppl"}
 UNITS = tuple(QUALITY)
 STAGES = ("train", "val", "test")
+IGNORE_INDEX = -100  # a target that is not scored: the model's loss (torch's cross_entropy default) leaves it out
 
 
 def quality_name(unit: str) -> str:
@@ -133,26 +135,29 @@ class LMMetrics(nn.Module):
     def counts_bytes(self) -> bool:
         return bool(self.token_bytes.numel()) or self.unit == "byte"
 
-    def target_bytes(self, target: Tensor, lengths: Tensor | None = None) -> tuple[Tensor | int | None, Tensor | int]:
-        """(UTF-8 bytes of the text of ``target``, or None when they cannot be counted; the bytes of it that the
-        fallback spells). ``lengths``: each target's own, where the batch gives them; then every ``<unk>`` target
-        is spelled."""
+    def target_bytes(self, target: Tensor, lengths: Tensor | None = None) -> tuple[Tensor | None, Tensor | int]:
+        """(UTF-8 bytes of the text of the scored targets of ``target`` (those not ``IGNORE_INDEX``), or None when
+        they cannot be counted; the bytes of it that the fallback spells). ``lengths``: each target's own, where the
+        batch gives them; then every scored ``<unk>`` target is spelled."""
+        scored = target != IGNORE_INDEX
         if lengths is not None:
             if self.unk_id is None:
                 raise ValueError("the batch gives its targets' byte lengths (a split with <unk>) but the metrics know "
                                  "no <unk> id; set it with set_token_bytes(table, vocab_size, unk_id)")
+            lengths = lengths * scored
             return lengths.sum(), torch.where(target == self.unk_id, lengths, 0).sum()
         if self.token_bytes.numel():
-            return self.token_bytes[target].sum(), 0
-        return (target.numel() if self.unit == "byte" else None), 0
+            return (self.token_bytes[target.clamp(min=0)] * scored).sum(), 0
+        return (scored.sum() if self.unit == "byte" else None), 0
 
     def update(self, stage: str, nll: Tensor, target: Tensor, lengths: Tensor | None = None) -> dict[str, Tensor]:
-        """Add a batch scored with mean NLL ``nll`` over the tokens of ``target``; return the batch's figures.
-        ``lengths``: the targets' UTF-8 lengths where the batch gives them (:func:`xl.documents.target_bytes`).
+        """Add a batch scored with mean NLL ``nll`` over the scored tokens of ``target`` (those not
+        ``IGNORE_INDEX``); return the batch's figures. ``lengths``: the targets' UTF-8 lengths where the batch gives
+        them (:func:`xl.documents.target_bytes`).
 
         Nothing here waits for the device (no host-side branch on values, no host-to-device copy).
         """
-        nll, n = nll.detach(), target.numel()
+        nll, n = nll.detach(), (target != IGNORE_INDEX).sum()
         n_bytes, spelled = self.target_bytes(target, lengths)
         nats = nll.double() * n
         tokens, counted = n, 0 if n_bytes is None else n_bytes
@@ -161,7 +166,7 @@ class LMMetrics(nn.Module):
             nats, tokens = torch.where(finite, nats, 0.0), finite * n
             counted, spelled = finite * counted, finite * spelled
         self.sums[f"{stage}_nll"].update(nats, tokens, counted, spelled)
-        step = None if n_bytes is None else bits_per_byte(nll.double() * n, n_bytes, spelled)
+        step = None if n_bytes is None else bits_per_byte(nll.double() * n, n_bytes.clamp(min=1), spelled)
         return self.figures(stage, nll, step)
 
     def compute(self, stage: str) -> dict[str, Tensor] | None:

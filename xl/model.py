@@ -37,7 +37,7 @@ class XLOutput:
     logits: Tensor | None  # [B, L, vocab]; None when only the loss was asked for
     mems: list[Tensor]  # the memory's new state (xl.memory: one tensor per layer for the plain cache), detached
     # unless detach_memory=False
-    loss: Tensor | None = None  # token mean over targets != ignore_index
+    loss: Tensor | None = None  # token mean over targets != ignore_index; 0 (no gradient) where there is none
     kv: list[tuple[Tensor, Tensor]] | None = None  # with cache_kv: the new memory's keys/values per layer
     recon_loss: Tensor | None = None  # the memory's own training loss (the compressive memory's reconstruction loss)
 
@@ -230,6 +230,8 @@ class TransformerXL(nn.Module):
             # bf16/fp16 logits are upcast for the loss; fp32/fp64 stay as they are.
             loss = None if targets is None else F.cross_entropy(
                 widen(logits).flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
+            if loss is not None:  # no scored target (a loss on answers alone): 0, not the mean's NaN
+                loss = torch.where((targets != ignore_index).any(), loss, 0.0)
             logits = logits if return_logits else None
         return XLOutput(logits=logits, mems=update.state, loss=loss, kv=new_kv if cache_kv else None,
                         recon_loss=update.loss)

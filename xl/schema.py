@@ -19,6 +19,9 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+from xl.babilong.lengths import WORDS as LENGTH_WORDS
+from xl.babilong.lengths import is_length
+from xl.babilong.tasks import TASKS as BABILONG_TASKS
 from xl.bounds import Bound, above, at_least, between, is_int, is_number, one_of, optional, setting
 from xl.callback_schema import CALLBACKS, LOGGERS
 from xl.compressive import COMPRESSION_FNS
@@ -153,6 +156,23 @@ class FilesDataSchema(DataSchema):
     train: Any = setting(MISSING, help="a text file, or a list of them")
     val: Any = setting(MISSING, help="a text file, or a list of them")
     test: Any = setting(MISSING, help="a text file, or a list of them")
+
+
+@dataclass
+class BabilongDataSchema(DataSchema):
+    """``data/babilong_schema``: BABILong-style samples (xl.babilong.data), the background a data source."""
+
+    _target_: str = "xl.babilong.data.BabilongDataModule"
+    background: Any = setting(MISSING, help="the background text: data/background=stdlib (default), pg19 or text")
+    tasks: list[str] = setting(factory=lambda: ["qa1"], help="the bAbI tasks, in turn", bound=Bound(
+        f"a list of {', '.join(BABILONG_TASKS)}", lambda v: len(v) > 0 and all(t in BABILONG_TASKS for t in v)))
+    length: Any = setting("1k", bound=Bound(LENGTH_WORDS, is_length),
+                          help="tokens of each sample's context (facts and background); the question follows")
+    train_samples: int = setting(2000, bound=POSITIVE, help="samples of the train split")
+    eval_samples: int = setting(200, bound=POSITIVE, help="samples of the val and of the test split")
+    seed: int = setting(0, bound=COUNT, help="which stories and background positions")
+    loss: str = setting("answer", bound=one_of("answer", "all", words="answer or all"),
+                        help="answer: the answer's tokens only; all: every token")
 
 
 # ---- optimization and the trainer ---------------------------------------------------------------------------------
@@ -322,6 +342,7 @@ SCHEMAS: dict[str, Any] = {
     "memory_schema": MemorySchema,
     "data_schema": SourceDataSchema,
     "data_files_schema": FilesDataSchema,
+    "data_babilong_schema": BabilongDataSchema,
     "optim_schema": OptimSchema,
     "trainer_schema": TrainerSchema,
     "callbacks_schema": CALLBACKS,

@@ -8,7 +8,8 @@ tokenizer met text its vocabulary lacks (read as ``<unk>``, whose one table entr
 stands for) also has the UTF-8 length of every position's text (``<split>.bytes.npy``, the smallest unsigned dtype
 that holds them), so that bits per byte count the real bytes and charge the spelling of each ``<unk>``
 (:mod:`xl.metrics`); where the tokenizer's per-id table is exact (a literal ``<unk>`` in the text included) there
-is no such file. A cache is built in
+is no such file. A split whose source marks answer pieces (:mod:`xl.data.sources`) also has their token spans
+(``<split>.answers.npy``, int64 ``[n, 2]`` of start and end offsets, sorted). A cache is built in
 a private temporary folder (the fitted vocabulary and the ids it gave, together) and renamed into place only when
 complete, ``meta.json`` included, so a crash, a full disk or two processes building at once never leave a cache
 that a later run trusts (:mod:`xl.data.workspace`: the temporary folders of killed builds are swept away).
@@ -51,8 +52,9 @@ BATCH_CHARS = 16 << 20  # text handed to one (parallel) encode_batch call
 @dataclass(frozen=True)
 class TokenCache:
     """A complete cache folder opened for reading: the fitted tokenizer, one read-only memmap of ids per split, one
-    of the offsets where the split's documents begin, and one of each position's UTF-8 length for the splits that
-    have ``<unk>`` (``target_bytes``; absent where the tokenizer's table is exact)."""
+    of the offsets where the split's documents begin, one of each position's UTF-8 length for the splits that
+    have ``<unk>`` (``target_bytes``; absent where the tokenizer's table is exact), and one of the answers' token
+    spans for the splits whose source marks answers (``answers``)."""
 
     folder: Path
     tokenizer: Tokenizer
@@ -60,6 +62,7 @@ class TokenCache:
     meta: dict[str, Any]
     docs: dict[str, np.ndarray] = field(default_factory=dict)
     target_bytes: dict[str, np.ndarray] = field(default_factory=dict)
+    answers: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -130,7 +133,7 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
     for split in SPLITS:
         unknown: Counter[str] = Counter()
         encode_start = time.perf_counter()
-        ids, starts, empty, n_bytes, position_bytes = encode_documents(source, split, tokenizer, unknown)
+        ids, starts, empty, n_bytes, position_bytes, answers = encode_documents(source, split, tokenizer, unknown)
         encode_seconds += time.perf_counter() - encode_start
         if ids.size == 0:
             raise DataError(f"{source.setting(split)} gives no tokens; point it at a non-empty corpus")
@@ -146,6 +149,8 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
         if position_bytes is not None:
             position_bytes = position_bytes.astype(bytes_dtype(int(position_bytes.max())))
             _write_atomic(folder / f"{split}.bytes.npy", lambda f, b=position_bytes: np.save(f, b))
+        if answers is not None:
+            _write_atomic(folder / f"{split}.answers.npy", lambda f, a=answers: np.save(f, a))
         table_bytes = int(tokenizer.token_bytes()[ids].sum())
         counted = table_bytes if position_bytes is None else int(position_bytes.sum(dtype=np.int64))
         splits[split] = {"tokens": int(ids.size), "bytes": n_bytes, "token_bytes": table_bytes,
@@ -161,11 +166,12 @@ def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
     _write_atomic(folder / "meta.json", lambda f: f.write(json.dumps(meta, indent=1).encode()))
 
 
-def encode_documents(source: Source, split: str, tokenizer: Tokenizer,
-                     unknown: Counter[str]) -> tuple[np.ndarray, np.ndarray, int, int, np.ndarray | None]:
+def encode_documents(source: Source, split: str, tokenizer: Tokenizer, unknown: Counter[str]
+                     ) -> tuple[np.ndarray, np.ndarray, int, int, np.ndarray | None, np.ndarray | None]:
     """The split's ids, the offsets where its documents begin (int64, from 0), how many documents gave no tokens
-    (skipped: their boundary would coincide with the next document's), the split's UTF-8 size, and each position's
-    UTF-8 length where the split has ``<unk>`` (else None: the tokenizer's table counts every id exactly). Subword
+    (skipped: their boundary would coincide with the next document's), the split's UTF-8 size, each position's
+    UTF-8 length where the split has ``<unk>`` (else None: the tokenizer's table counts every id exactly), and the
+    ``[start, end)`` token spans of the pieces marked as answers (None where the source marks none). Subword
     tokenizers get the documents in batches to encode in parallel."""
     encode_batch = getattr(tokenizer, "encode_batch", None)
     unknown_bytes = getattr(tokenizer, "unknown_bytes", None)  # tokenizers that can give <unk>
@@ -173,8 +179,12 @@ def encode_documents(source: Source, split: str, tokenizer: Tokenizer,
     pieces: list[tuple[bool, np.ndarray]] = []  # (a document begins here, ids)
     replaced: dict[int, np.ndarray] = {}  # piece → the bytes of each of its <unk>
     batch: list[tuple[bool, str]] = []
+    marked: list[int] = []  # the pieces that are answers
     chars = n_bytes = 0
-    for begins, text in documents(source, split):
+    for piece in documents(source, split):
+        begins, text = piece[0], piece[1]
+        if len(piece) > 2 and piece[2]:
+            marked.append(len(pieces) + len(batch))
         _check_text(text, source, split, tokenizer)
         n_bytes += len(text.encode("utf-8", "surrogateescape"))
         if encode_batch is None:
@@ -192,8 +202,9 @@ def encode_documents(source: Source, split: str, tokenizer: Tokenizer,
             batch, chars = [], 0
     if batch:
         pieces += zip([b for b, _ in batch], encode_batch([t for _, t in batch]), strict=True)
-    starts, empty, offset, pending = [], 0, 0, False
+    starts, empty, offset, pending, offsets = [], 0, 0, False, []
     for begins, ids in pieces:
+        offsets.append(offset)
         if begins:
             empty += pending  # the previous document ended before it gave a token
             pending = True
@@ -211,7 +222,10 @@ def encode_documents(source: Source, split: str, tokenizer: Tokenizer,
         for i, real in replaced.items():
             parts[i][pieces[i][1] == tokenizer.unk_id] = real
         position_bytes = np.concatenate(parts)
-    return ids, np.asarray(starts, dtype=np.int64), empty, n_bytes, position_bytes
+    answers = None
+    if marked:
+        answers = np.array([(offsets[i], offsets[i] + pieces[i][1].size) for i in marked], dtype=np.int64)
+    return ids, np.asarray(starts, dtype=np.int64), empty, n_bytes, position_bytes, answers
 
 
 def _read(folder: Path, source: Source, tokenizer: Tokenizer) -> TokenCache:
@@ -240,14 +254,16 @@ def _read(folder: Path, source: Source, tokenizer: Tokenizer) -> TokenCache:
     if fitted.vocab_size != meta.get("vocab_size"):
         raise Damaged(f"meta.json records vocab_size {meta.get('vocab_size')!r}, tokenizer.json holds "
                       f"{fitted.vocab_size}")
-    ids, docs, target_bytes = {}, {}, {}
+    ids, docs, target_bytes, answers = {}, {}, {}, {}
     for split in SPLITS:
         info = splits[split] if isinstance(splits[split], dict) else {}
         ids[split] = _array(folder, f"{split}.npy", info.get("tokens"), meta.get("dtype"))
         docs[split] = _array(folder, f"{split}.docs.npy", info.get("documents"), "int64")
         if f"{split}.bytes.npy" in files:
             target_bytes[split] = _array(folder, f"{split}.bytes.npy", info.get("tokens"))
-    return TokenCache(folder, fitted, ids, meta, docs, target_bytes)
+        if f"{split}.answers.npy" in files:
+            answers[split] = _spans(folder, f"{split}.answers.npy")
+    return TokenCache(folder, fitted, ids, meta, docs, target_bytes, answers)
 
 
 def _json(folder: Path, name: str) -> dict[str, Any]:
@@ -268,6 +284,17 @@ def _tokenizer(folder: Path) -> Tokenizer:
         return tokenizer_from_dict(values)
     except (KeyError, TypeError, ValueError) as err:
         raise Damaged(f"tokenizer.json does not describe a tokenizer ({type(err).__name__}: {err})") from None
+
+
+def _spans(folder: Path, name: str) -> np.ndarray:
+    """The answer spans ``name``: int64 ``[n, 2]`` (read whole: one pair per answer)."""
+    try:
+        spans = np.load(folder / name)
+    except (OSError, ValueError, EOFError) as err:
+        raise Damaged(f"{name} cannot be read: {err}") from None
+    if spans.ndim != 2 or spans.shape[1] != 2 or spans.dtype != np.int64:
+        raise Damaged(f"{name} holds {spans.shape} values of {spans.dtype.name}, not [n, 2] int64 spans")
+    return spans
 
 
 def _array(folder: Path, name: str, length: Any, dtype: str | None = None) -> np.ndarray:

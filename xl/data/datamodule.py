@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning
+import numpy as np
 import torch
 
 from xl.data.cache import TokenCache, open_cache
@@ -27,6 +28,8 @@ STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)
 
 class SegmentDataModule(lightning.LightningDataModule):
     """Never-shuffled Transformer-XL segments of one corpus; ``eval_*`` default to the training values."""
+
+    scored = "every token"  # which targets the loss and the metrics count, in words (results.json's "scored")
 
     def __init__(
         self,
@@ -135,11 +138,18 @@ class SegmentDataModule(lightning.LightningDataModule):
     def _make_loader(self, split: str) -> SegmentLoader:
         world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
         ids, docs, n_bytes = self.cache.splits[split], self.cache.docs[split], self.cache.target_bytes.get(split)
+        scored = self.scored_spans(split)
         if split == "train":
             return SegmentLoader(ids, self.batch_size, self.tgt_len, rank, world_size, split,
-                                 epoch_length=self._epoch_length, doc_starts=docs, target_bytes=n_bytes)
+                                 epoch_length=self._epoch_length, doc_starts=docs, target_bytes=n_bytes,
+                                 scored=scored)
         return SegmentLoader(ids, self.eval_batch_size, self.eval_tgt_len, rank, world_size, split, doc_starts=docs,
-                             target_bytes=n_bytes)
+                             target_bytes=n_bytes, scored=scored)
+
+    def scored_spans(self, split: str) -> np.ndarray | None:
+        """The ``[start, end)`` token spans whose targets are scored (None: every target); a data module that
+        scores part of its text (``data=babilong``'s answers) gives them."""
+        return None
 
     def _epoch_length(self) -> int | None:
         """Training segments per epoch as the trainer counts them (``limit_train_batches``), once it has."""

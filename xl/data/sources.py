@@ -8,7 +8,8 @@ tokenizer gets every file back byte for byte.
 A source may also say where its documents begin (:func:`documents`): each stdlib file, each local file, each
 WikiText article (its `` = Title = `` heading line). :class:`SeparatedSource` cuts any source's documents further
 at lines that match ``data.doc_sep``. Boundaries never change the text: a separator line stays in the stream, as
-the first line of the document it begins.
+the first line of the document it begins. A source may also mark pieces as answers, ``(begins, text, True)``
+(``data=babilong``'s samples): the token cache records where their tokens are, for a loss on them alone.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Source(Protocol):
     def setting(self, split: str) -> str: ...
 
 
-Piece = tuple[bool, str]  # (a document begins with this text, the text)
+Piece = tuple[bool, str] | tuple[bool, str, bool]  # (a document begins with this text, the text[, an answer])
 
 
 def documents(source: Source, split: str) -> Iterator[Piece]:

@@ -17,6 +17,7 @@ import torch
 
 from xl.data.errors import DataError
 from xl.documents import Documents, stream_positions
+from xl.metrics import IGNORE_INDEX
 
 # (x, y), with the rows' Documents where the loader knows them, then the targets' UTF-8 lengths where it has them
 Batch = tuple[torch.Tensor | Documents, ...]
@@ -45,7 +46,8 @@ class SegmentLoader:
     given ``doc_starts`` (the sorted offsets in ``ids`` where documents begin), ``(x, y, documents)`` with the
     :class:`xl.documents.Documents` of every row (positions of the inputs and targets in their documents); given
     ``target_bytes`` (each position's UTF-8 length, aligned with ``ids``), the batch ends with the targets' lengths
-    ``[B, L]`` (int64), read by :func:`xl.documents.target_bytes`.
+    ``[B, L]`` (int64), read by :func:`xl.documents.target_bytes`; given ``scored`` (sorted ``[start, end)`` spans of
+    offsets in ``ids``), the targets outside them are ``IGNORE_INDEX``, which the loss and the metrics leave out.
 
     Every token but the last of each row is an input once; the last segment may be shorter than ``tgt_len``.
     The position (the next segment to yield) is reset by each ``iter()`` - Lightning stops a sized loader after
@@ -55,7 +57,7 @@ class SegmentLoader:
     def __init__(
         self, ids: np.ndarray, batch_size: int, tgt_len: int, rank: int = 0, world_size: int = 1, name: str = "train",
         epoch_length: Callable[[], int | None] | None = None, doc_starts: np.ndarray | None = None,
-        target_bytes: np.ndarray | None = None,
+        target_bytes: np.ndarray | None = None, scored: np.ndarray | None = None,
     ) -> None:
         """``epoch_length``: how many segments the trainer reads per epoch (``limit_train_batches``), if fewer."""
         if tgt_len < 1:
@@ -76,6 +78,7 @@ class SegmentLoader:
                             "data cache (delete its folder)")
         self.byte_rows = None if target_bytes is None else split_streams(target_bytes, batch_size, rank, world_size)
         self.row_starts = (rank * batch_size + np.arange(batch_size)) * self.rows.shape[1]  # offsets in ids
+        self.scored = None if scored is None else np.asarray(scored, dtype=np.int64).reshape(-1, 2)
         self._position = 0
         self._resuming = False
 
@@ -88,6 +91,8 @@ class SegmentLoader:
         end = min(start + self.tgt_len, self.rows.shape[1] - 1)
         x = torch.from_numpy(np.array(self.rows[:, start:end], dtype=np.int64))
         y = torch.from_numpy(np.array(self.rows[:, start + 1 : end + 1], dtype=np.int64))
+        if self.scored is not None:
+            y[~torch.from_numpy(self.in_spans(self.row_starts[:, None] + np.arange(start + 1, end + 1)))] = IGNORE_INDEX
         extra: tuple[torch.Tensor, ...] = ()
         if self.byte_rows is not None:
             extra = (torch.from_numpy(np.array(self.byte_rows[:, start + 1 : end + 1], dtype=np.int64)),)
@@ -97,6 +102,11 @@ class SegmentLoader:
         latest = int((np.arange(end - start) - pos[:, :-1]).max())
         pos = torch.from_numpy(pos)
         return x, y, Documents(pos[:, :-1].contiguous(), latest, pos[:, 1:].contiguous()), *extra
+
+    def in_spans(self, flat: np.ndarray) -> np.ndarray:
+        """Whether each offset of ``flat`` lies inside one of the ``scored`` spans."""
+        span = np.searchsorted(self.scored[:, 0], flat, side="right") - 1
+        return (span >= 0) & (flat < self.scored[np.maximum(span, 0), 1])
 
     def __iter__(self) -> Iterator[Batch]:
         if not self._resuming:

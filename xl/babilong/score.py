@@ -1,0 +1,225 @@
+"""Score a trained run on BABILong-style tasks, with Hydra's command line (``key=value`` settings, ``-m`` sweeps).
+
+For every task and length (``tasks=[qa1,qa2,qa3] lengths=[0,1k,4k,16k] samples=100``) the scorer makes ``samples``
+test-split samples (:mod:`xl.babilong.samples`: never a story the run trained on, the same ones for a seed), lengths
+in the run's tokens, the background the run's (``data/background=...`` names another). Each sample is read through
+the model's memory segment by segment with its incremental decoder (:meth:`xl.model.TransformerXL.decoder`), so the
+memory held does not grow with the length; the answer is then generated greedily up to its line end
+(``max_new_tokens`` at most) and judged by BABILong's rule (:mod:`xl.babilong.answers`). Samples are read
+``batch_size`` at a time, each row's sample preceded by filler that it never sees (a document of its own), so that
+the rows end together.
+
+The decoder's context is the run's: its memory (``mem_len``, a model without memory its training segment),
+``clamp_len`` and ``same_length``, each replaced by the key of the same name, and segments of the run's training
+length (``seg_len``). Results: ``results.json``, ``heatmap.png`` (tasks x lengths, accuracy in each cell, as
+BABILong's leaderboard draws it) and the printed table in the output folder, and a W&B table (offline). Under
+``-m`` the sweep folder gets ``summary.csv``, ``summary.md`` and ``summary.png``, one heatmap per job.
+
+Example, with runs/qa1 the run folder (docs/babilong.md)::
+
+    python -m xl.babilong ckpt=runs/qa1 tasks=[qa1] lengths=[0,1k,2k,4k] samples=100
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.core.config_store import ConfigStore
+from hydra.utils import instantiate
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from xl.babilong.answers import is_correct
+from xl.babilong.background import Sentences
+from xl.babilong.data import token_counter
+from xl.babilong.lengths import WORDS, is_length, length_name, parse_length
+from xl.babilong.report import HEATMAP, Cell, log_results, record, table, write_results
+from xl.babilong.samples import Sample, samples
+from xl.babilong.tasks import LABELS, TASKS
+from xl.bounds import Bound, one_of, optional, setting
+from xl.config import ConfigError, entry_point
+from xl.console import errors_logged, quiet_warnings
+from xl.data.sources import StdlibSource
+from xl.generate import decoding_context
+from xl.rules import check_bounds
+from xl.runs import TrainedRun
+from xl.schema import COUNT, POSITIVE, PathsSchema
+
+log = logging.getLogger("babilong")
+
+
+@dataclass
+class ScoreSchema:
+    """``conf/babilong.yaml`` (``python -m xl.babilong``)."""
+
+    ckpt: str = setting(MISSING, help="a run folder (its checkpoints/last.ckpt) or a .ckpt file")
+    tasks: list[str] = setting(factory=lambda: list(TASKS), help="the bAbI tasks", bound=Bound(
+        f"a list of {', '.join(TASKS)}", lambda v: len(v) > 0 and all(t in TASKS for t in v)))
+    lengths: list[Any] = setting(factory=lambda: [0, "1k", "2k", "4k"], help="context lengths in the run's tokens",
+                                 bound=Bound(f"a list of lengths, each {WORDS}",
+                                             lambda v: len(v) > 0 and all(is_length(x) for x in v)))
+    samples: int = setting(100, bound=POSITIVE, help="samples per task and length")
+    seed: int = setting(0, bound=COUNT, help="which test stories and background")
+    batch_size: int = setting(8, bound=POSITIVE, help="samples read at once")
+    max_new_tokens: int = setting(16, bound=POSITIVE, help="the longest answer generated")
+    mem_len: int | None = setting(None, bound=optional(POSITIVE), help="the decoder's memory; null: the run's")
+    clamp_len: int | None = setting(None, help="null: the run's; -1: no clamping")
+    same_length: bool | None = setting(None, help="null: the run's")
+    seg_len: int | None = setting(None, bound=optional(POSITIVE), help="segments read; null: the run's training length")
+    device: str = setting("auto", bound=one_of("auto", "cpu", "cuda"), help="auto: a CUDA GPU if there is one")
+    data: Any = setting(None, help="data/background=stdlib, pg19 or text: another background than the run's")
+    logger: Any = setting(None)
+    paths: PathsSchema = setting(factory=PathsSchema)
+    run_name: str | None = setting(None, help="the W&B run's name; null: the overrides")
+    tags: list[str] = setting(factory=list, help="the W&B run's tags")
+
+
+ConfigStore.instance().store(name="babilong_score_schema", node=ScoreSchema, provider="xl")
+
+
+@dataclass
+class Reader:
+    """A trained model, its tokenizer and its decoding context: reads prompts and answers them greedily."""
+
+    model: Any
+    tokenizer: Any
+    context: dict[str, Any]
+    seg_len: int
+    max_new_tokens: int
+    stops: torch.Tensor = field(init=False)  # ids whose text holds a line end: they close an answer
+
+    def __post_init__(self) -> None:
+        vocab = self.model.config.vocab_size
+        self.stops = torch.tensor([i for i in range(vocab) if "\n" in self.tokenizer.decode([i])],
+                                  dtype=torch.long, device=self.model.device)
+
+    def answer(self, prompts: list[str]) -> list[str]:
+        """Each prompt's greedy answer: its continuation's text up to the first line end."""
+        return [self.tokenizer.decode(ids).split("\n")[0] for ids in self.continuations(prompts)]
+
+    @torch.no_grad()
+    def read(self, prompts: list[str]) -> tuple[Any, torch.Tensor]:
+        """A decoder that has read the prompts, one per row, and the logits [B, vocab] after each. The rows end
+        together: each prompt is preceded by filler, which it never sees (the prompt begins a document)."""
+        ids = [self.tokenizer.encode(p) for p in prompts]
+        width = max(len(i) for i in ids)
+        tokens = torch.zeros(len(ids), width, dtype=torch.long)
+        starts = torch.zeros(len(ids), width, dtype=torch.bool)
+        for row, row_ids in enumerate(ids):
+            tokens[row, width - len(row_ids):] = torch.tensor(np.asarray(row_ids), dtype=torch.long)
+            starts[row, width - len(row_ids)] = True
+        padded = any(len(i) < width for i in ids)
+        device = self.model.device
+        decoder = self.model.decoder(len(ids), self.context["window"], clamp_len=self.context["clamp_len"],
+                                     same_length=self.context["same_length"])
+        return decoder, decoder.prefill(tokens.to(device), self.seg_len, starts.to(device) if padded else None)
+
+    @torch.no_grad()
+    def continuations(self, prompts: list[str]) -> list[list[int]]:
+        """Each prompt's greedy continuation, up to and with its first line end (at most ``max_new_tokens``)."""
+        decoder, logits = self.read(prompts)
+        new, done = [], torch.zeros(len(prompts), dtype=torch.bool, device=logits.device)
+        for step in range(self.max_new_tokens):
+            token = logits.argmax(-1)
+            new.append(token)
+            done |= torch.isin(token, self.stops)
+            if bool(done.all()) or step + 1 == self.max_new_tokens:
+                break
+            logits = decoder.feed(token)
+        stops = set(self.stops.tolist())
+        rows = torch.stack(new, 1).tolist()
+        return [row[: next((i + 1 for i, t in enumerate(row) if t in stops), len(row))] for row in rows]
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """The schema's bounds, and a device that exists, before the run is read."""
+    check_bounds(cfg)
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA GPU is visible; use device=cpu or device=auto")
+
+
+def background_of(cfg: DictConfig, run: TrainedRun) -> Any:
+    """``data.background`` if given, else the run's (if it trained on data=babilong), else the embedded corpus."""
+    node = OmegaConf.select(cfg, "data.background")
+    if node is None:
+        node = (run.data if run.folder is not None else {}).get("background")
+    if node is None:
+        return StdlibSource()
+    try:
+        return instantiate(OmegaConf.create(node) if isinstance(node, dict) else node)
+    except Exception as err:  # Hydra wraps the source's own error
+        cause = err.__cause__ or err
+        raise ConfigError(f"data.background: {str(cause).splitlines()[0]}") from None
+
+
+def reader_of(cfg: DictConfig, run: TrainedRun) -> tuple[Reader, str]:
+    device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+                          else "cpu")
+    seg_len = cfg.seg_len or run.checkpoint.train_tgt_len
+    if seg_len is None:
+        raise ConfigError(f"ckpt={cfg.ckpt} does not record its training segment length; set seg_len=N")
+    tokenizer = run.tokenizer
+    model = run.model().to(device)
+    context, described = decoding_context(OmegaConf.merge(cfg, {"seg_len": seg_len}), run.checkpoint)
+    try:
+        model.decoder(1, context["window"], clamp_len=context["clamp_len"], same_length=context["same_length"])
+    except ValueError as err:  # the decoder's context checks name mem_len, clamp_len, same_length
+        raise ConfigError(str(err)) from None
+    return Reader(model, tokenizer, context, seg_len, cfg.max_new_tokens), f"{described}, segments of {seg_len}"
+
+
+def score_cell(reader: Reader, background: Any, task: str, length: Any, cfg: DictConfig) -> Cell:
+    """Accuracy on ``cfg.samples`` test samples of ``task`` at ``length``, read ``cfg.batch_size`` at a time."""
+    count = token_counter(reader.tokenizer)  # as the samples a run trained on were counted
+    stream = samples(task, parse_length(length), "test", cfg.seed, Sentences(background, "test", count), count)
+    cell = Cell(task, length_name(length), parse_length(length))
+    start = time.perf_counter()
+    batch: list[Sample] = []
+    for _ in range(cfg.samples):
+        batch.append(next(stream))
+        if len(batch) == cfg.batch_size or cell.samples + len(batch) == cfg.samples:
+            for sample, output in zip(batch, reader.answer([s.prompt for s in batch]), strict=True):
+                story = sample.story
+                cell.add(is_correct(story.answer, output, story.question, LABELS[task]), sample.tokens,
+                         len(reader.tokenizer.encode(sample.prompt)))
+            batch = []
+    if reader.model.device.type == "cuda":
+        torch.cuda.synchronize()
+    cell.seconds = time.perf_counter() - start
+    return cell
+
+
+def score(cfg: DictConfig) -> dict[str, Any]:
+    """Score ``cfg.ckpt``; returns what ``results.json`` holds."""
+    check_settings(cfg)
+    torch.manual_seed(cfg.seed)
+    run = TrainedRun.open(cfg.ckpt)
+    reader, described = reader_of(cfg, run)
+    background = background_of(cfg, run)
+    log.info("babilong: %s\n  %s; background %s", run.checkpoint.path, described, background.setting("test"))
+    cells = []
+    for task in cfg.tasks:
+        for length in cfg.lengths:
+            cells.append(score_cell(reader, background, task, length, cfg))
+            c = cells[-1]
+            log.info("  %s at %s: %d/%d (%.0f%%), %.1f s", task, c.length, c.correct, c.samples, 100 * c.accuracy,
+                     c.seconds)
+    values = record(cfg, run, reader.context, described, background.setting("test"), cells)
+    written = write_results(cfg.paths.output_dir, values)
+    heatmap = written.parent / HEATMAP
+    logged = log_results(cfg, values, heatmap)
+    log.info("babilong accuracy (%%, %d samples per cell)\n%s\n  results: %s\n  heatmap: %s%s", cfg.samples,
+             table(values), written, heatmap, f"\n  {logged}" if logged else "")
+    return values
+
+
+@entry_point("babilong")
+def main(cfg: DictConfig) -> None:
+    quiet_warnings()
+    with errors_logged():
+        score(cfg)
+
