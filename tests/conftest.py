@@ -14,6 +14,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+import xl.config.schema  # noqa: F401 (registers the schemas that conf/ names, as the entry points do)
+
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")

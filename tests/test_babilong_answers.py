@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from xl.babilong.answers import first_sentence, is_correct
-from xl.babilong.tasks import LABELS
+from xl.data.babilong.answers import first_sentence, is_correct
+from xl.data.babilong.tasks import LABELS
 
 WHERE = "Where is Mary?"
 BEFORE = "Where was the football before the kitchen?"

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from xl.metrics import IGNORE_INDEX, LMMetrics
-from xl.model import TransformerXL, XLConfig
+from xl.model.transformer import TransformerXL, XLConfig
+from xl.training.metrics import IGNORE_INDEX, LMMetrics
 
 
 def model(cutoffs: tuple[int, ...] = ()) -> TransformerXL:

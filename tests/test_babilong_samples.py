@@ -1,5 +1,5 @@
-"""BABILong-style samples (xl.babilong.samples, xl.babilong.data): the facts in order in the context, which the
-tests' solver answers from the text alone; lengths within one sentence of the request in the model's tokens; splits
+"""BABILong-style samples (xl.data.babilong.samples, xl.data.babilong.data): the facts in order in the context, which
+the tests' solver answers from the text alone; lengths within one sentence of the request in the model's tokens; splits
 that never share a story; the same samples from the same settings; bad settings refused in one sentence."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from tests.helpers.babilong_solver import find_facts, solve
-from xl.babilong.background import MAX_UNIT_TOKENS, PG19Source, Sentences, units
-from xl.babilong.data import BabilongDataModule, BabilongSource, token_counter
-from xl.babilong.samples import hide, samples, split_of, stories
-from xl.babilong.tasks import TASKS
+from xl.data.babilong.background import MAX_UNIT_TOKENS, PG19Source, Sentences, units
+from xl.data.babilong.data import BabilongDataModule, BabilongSource, token_counter
+from xl.data.babilong.samples import hide, samples, split_of, stories
+from xl.data.babilong.tasks import TASKS
 from xl.data.errors import DataError
 from xl.data.sources import SPLITS, StdlibSource
 from xl.data.tokenizers import make_tokenizer
@@ -204,11 +204,11 @@ def test_bad_data_settings_are_refused_in_one_sentence(settings, message):
 
 def test_the_babilong_experiment_composes_and_passes_every_rule():
     from tests.conftest import compose_config
-    from xl.build import check_settings
+    from xl.training.build import check_settings
 
     cfg = compose_config("experiment=babilong")
     check_settings(cfg)
-    assert (cfg.data._target_, list(cfg.data.tasks), cfg.data.loss) == ("xl.babilong.data.BabilongDataModule",
+    assert (cfg.data._target_, list(cfg.data.tasks), cfg.data.loss) == ("xl.data.babilong.data.BabilongDataModule",
                                                                         ["qa1"], "answer")
     assert cfg.memory.doc_boundaries == "reset"
 

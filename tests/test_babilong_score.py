@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import train
 from tests.conftest import run_hydra_main
+from xl import train
 from xl.babilong import score
 from xl.babilong.score import Reader
 from xl.data.tokenizers import make_tokenizer
-from xl.model import TransformerXL, XLConfig
+from xl.model.transformer import TransformerXL, XLConfig
 
 PROMPTS = ["Mary went to the kitchen.\nQuestion: Where is Mary?\n", "Question: Where?\n",
            "John moved to the garden. Mary moved to the office. John went back to the hallway.\n"
@@ -117,7 +117,9 @@ def test_bad_settings_stop_in_one_sentence(qa1_run, setting, message, monkeypatc
 
 def test_the_library_does_not_import_the_application():
     library = ["answers", "background", "data", "lengths", "samples", "tasks", "world"]
-    folder = Path(score.__file__).parent
+    import xl.data.babilong
+
+    folder = Path(xl.data.babilong.__file__).parent
     for name in library:
         text = (folder / f"{name}.py").read_text()
         assert "xl.babilong.score" not in text and "xl.babilong.report" not in text, name

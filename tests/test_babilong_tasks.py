@@ -1,4 +1,4 @@
-"""The bAbI stories of xl.babilong.tasks: every answer follows from the facts, and from its supporting facts alone,
+"""The bAbI stories of xl.data.babilong.tasks: every answer follows from the facts, and from its supporting facts alone,
 by the tests' own solver (tests/helpers/babilong_solver.py), in a world that could be; the same seed writes the same
 stories."""
 
@@ -9,7 +9,7 @@ import random
 import pytest
 
 from tests.helpers.babilong_solver import Unanswerable, check_consistent, solve
-from xl.babilong.tasks import GENERATORS, LABELS, TASKS, Story
+from xl.data.babilong.tasks import GENERATORS, LABELS, TASKS, Story
 
 STORIES = 400  # per task
 

@@ -22,22 +22,22 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError
 
-import xl.build
 import xl.evaluate
 import xl.footprint
+import xl.training.build
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
-from xl.build import ConfigError, build_run, check_fits
-from xl.checkpoint import CheckpointError
-from xl.config import compose as compose_or_explain
-from xl.config import describe_error, describe_type, entry_point
+from xl.config.compose import compose as compose_or_explain
+from xl.config.compose import describe_error, describe_type, entry_point
+from xl.config.rules import schema_bounds
 from xl.data import DataError
-from xl.rules import schema_bounds
+from xl.training.build import ConfigError, build_run, check_fits
+from xl.training.checkpoint import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def files(tmp_path: Path, train: bytes | None = None, val: bytes | None = None) -> dict[str, Path]:
-    text = (ROOT / "xl" / "model.py").read_bytes()
+    text = (ROOT / "xl" / "model" / "transformer.py").read_bytes()
     paths = {}
     for split, content in (("train", train), ("val", val), ("test", None)):
         paths[split] = tmp_path / f"{split}.txt"
@@ -272,18 +272,19 @@ def test_a_run_too_big_for_the_machine_is_refused_at_once(override, setting, tmp
 
 def test_a_run_close_to_the_limit_warns(tmp_path, corpus, monkeypatch, caplog):
     cfg = compose_config(*tiny_overrides(tmp_path, corpus))
-    need = xl.build.run_estimate(cfg)[0].total
-    monkeypatch.setattr(xl.build, "available_memory", lambda cuda: (int(need / 0.9), "a test device"))
+    need = xl.training.build.run_estimate(cfg)[0].total
+    monkeypatch.setattr(xl.training.build, "available_memory", lambda cuda: (int(need / 0.9), "a test device"))
     check_fits(cfg)
     assert "close to the limit" in caplog.text
-    monkeypatch.setattr(xl.build, "available_memory", lambda cuda: (need - 1, "a test device"))
+    monkeypatch.setattr(xl.training.build, "available_memory", lambda cuda: (need - 1, "a test device"))
     with pytest.raises(ConfigError, match="against 0.0 GiB of a test device; lower"):
         check_fits(cfg)
 
 
 def test_cpu_processes_share_the_machines_memory(tmp_path, corpus):
-    one, processes = xl.build.run_estimate(compose_config(*tiny_overrides(tmp_path, corpus)))
-    two, processes_ddp = xl.build.run_estimate(compose_config(*tiny_overrides(tmp_path, corpus), "trainer=ddp"))
+    one, processes = xl.training.build.run_estimate(compose_config(*tiny_overrides(tmp_path, corpus)))
+    ddp = compose_config(*tiny_overrides(tmp_path, corpus), "trainer=ddp")
+    two, processes_ddp = xl.training.build.run_estimate(ddp)
     assert (processes, processes_ddp) == (1, 2) and one == two
 
 
@@ -445,10 +446,11 @@ def test_the_monitor_may_be_any_metric_the_run_logs(tokenizer, metrics, tmp_path
     for monitor in ("val/loss", "val/bpb", "train/loss", *metrics):
         cfg = compose_config(*tiny_overrides(tmp_path, corpus), f"data.tokenizer={tokenizer}",
                              f"callbacks.model_checkpoint.monitor={monitor}")
-        xl.build.check_settings(cfg)
+        xl.training.build.check_settings(cfg)
     with pytest.raises(ConfigError, match=f"choose one of val/loss, {metrics[0]}, val/bpb, "):
-        xl.build.check_settings(compose_config(*tiny_overrides(tmp_path, corpus), f"data.tokenizer={tokenizer}",
-                                               "callbacks.model_checkpoint.monitor=val/bpx"))
+        xl.training.build.check_settings(compose_config(*tiny_overrides(tmp_path, corpus),
+                                                        f"data.tokenizer={tokenizer}",
+                                                        "callbacks.model_checkpoint.monitor=val/bpx"))
 
 
 def float_leaves() -> list[str]:
@@ -469,7 +471,7 @@ def test_a_number_that_is_not_finite_is_refused(key, value, tmp_path, corpus):
 
 @pytest.mark.parametrize("override", ["model.n_head=100000", "data.batch_size=100000", "model.d_head=100000"])
 def test_the_fit_check_names_the_setting_that_makes_the_run_big(override, tmp_path, corpus, monkeypatch):
-    monkeypatch.setattr(xl.build, "available_memory", lambda cuda: (2**30, "a test device of 1 GiB"))
+    monkeypatch.setattr(xl.training.build, "available_memory", lambda cuda: (2**30, "a test device of 1 GiB"))
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), override)
     with pytest.raises(ConfigError) as info:
         build_run(cfg)

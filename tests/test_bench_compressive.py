@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from xl.bench.compressive import filled_decoder, main, memories
 from xl.bench.shared import CONFIG_S
-from xl.footprint import cache_footprint
-from xl.model import TransformerXL, XLConfig
+from xl.model.transformer import TransformerXL, XLConfig
+from xl.training.footprint import cache_footprint
 
 
 def test_the_compressive_memory_has_the_cache_of_the_first_and_the_mem_len_of_the_last():

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from tests.conftest import compose_config, tiny_overrides
-from xl.build import build_run
-from xl.callbacks import JobSummary
-from xl.footprint import cache_footprint
+from xl.training.build import build_run
+from xl.training.callbacks import JobSummary
+from xl.training.footprint import cache_footprint
 
 
 def test_job_summary_records_metrics_speed_and_cost(tmp_path, corpus):

@@ -102,8 +102,8 @@ def test_a_full_disk_with_the_wandb_logger_ends_in_the_sentence_alone(corpus, tm
 
 def test_every_trainer_the_project_builds_writes_through_the_atomic_plugin(tmp_path, corpus):
     from tests.test_evaluate import compose_eval
-    from xl.build import build_run, make_trainer
-    from xl.checkpoint_io import AtomicCheckpointIO
+    from xl.training.build import build_run, make_trainer
+    from xl.training.checkpoint_io import AtomicCheckpointIO
 
     run = build_run(compose_config(*tiny_overrides(tmp_path, corpus)))  # train.py and the probe
     assert isinstance(run.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
@@ -114,10 +114,10 @@ def test_every_trainer_the_project_builds_writes_through_the_atomic_plugin(tmp_p
 
 def test_a_resume_reads_each_checkpoint_file_once(tmp_path, corpus, monkeypatch):
     """The resume's checks and Lightning's restore opened the same checkpoint four times; now the state read once
-    serves them all (xl.resume.Resume, handed to Lightning by the plugin)."""
+    serves them all (xl.training.resume.Resume, handed to Lightning by the plugin)."""
     import torch
 
-    import train
+    from xl import train
 
     common = (*tiny_overrides(tmp_path, corpus), "callbacks.model_checkpoint.monitor=null",
               "callbacks.model_checkpoint.every_n_train_steps=2", "test=false")

@@ -7,10 +7,10 @@ import torch
 
 from tests.helpers.reference import reference_attention
 from tests.test_model import TINY, make_model, run_segments
-from xl.compressive import Compressor, reconstruction_loss
-from xl.footprint import cache_footprint
 from xl.memory import CompressiveMemory, MemoryStore, nbytes, split_memory
-from xl.model import TransformerXL, XLConfig
+from xl.memory.compressor import Compressor, reconstruction_loss
+from xl.model.transformer import TransformerXL, XLConfig
+from xl.training.footprint import cache_footprint
 
 
 def compress_by_hand(model: TransformerXL, layer: int, group: torch.Tensor) -> torch.Tensor:
@@ -150,7 +150,7 @@ def test_the_decoder_equals_the_forward_pass_for_any_prompt_length(fn, rate, mem
 def test_the_decoder_equals_the_forward_pass_with_documents(rate, mem_len, cmem_len, seg_len, prompt_len):
     """Documents starting anywhere, in the prompt (``starts``) and while feeding (``reset_rows``): every logit is the
     forward pass's over the same segments with the same document positions (float64)."""
-    from xl.documents import Documents, positions
+    from xl.model.documents import Documents, positions
 
     model = make_model(mem_len=mem_len, cmem_len=cmem_len, cmem_rate=rate, cmem_fn="conv")
     perturb_compressor(model)
@@ -575,8 +575,8 @@ def test_training_resumes_both_memories_exactly_and_logs_the_reconstruction_loss
 
 def test_resume_with_another_compressed_memory_is_refused(tmp_path, corpus):
     from tests.test_resume import fit, resume_cfg
-    from xl.build import build_run
-    from xl.checkpoint import CheckpointError
+    from xl.training.build import build_run
+    from xl.training.checkpoint import CheckpointError
 
     fit(resume_cfg(tmp_path, corpus, "first", "memory=compressive", "memory.cmem_len=8", "trainer.max_steps=3",
                    "callbacks.model_checkpoint.every_n_train_steps=3"))
@@ -586,7 +586,7 @@ def test_resume_with_another_compressed_memory_is_refused(tmp_path, corpus):
 
 
 def test_the_lightning_module_refuses_same_length_with_a_compressed_memory():
-    from xl.lit import XLLitModule
+    from xl.training.module import XLLitModule
 
     model = {**TINY, "mem_len": 4, "cmem_len": 4, "cmem_rate": 2}
     with pytest.raises(ValueError, match="same_length=True hides the compressed memory"):

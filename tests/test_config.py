@@ -15,17 +15,17 @@ from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, compose_config
 from tests.test_experiments import closed_form_parameters
-from xl import schema as xl_schema
-from xl.build import ConfigError, build_callbacks, build_loggers, check_device, model_config
-from xl.config import CALLBACKS, LOGGERS, SCHEMAS, FilesDataSchema, MemorySchema, ModelSchema, OptimSchema
-from xl.config import compose as compose_or_explain
-from xl.config_reference import generated_part, reference
+from xl.config import schema as xl_schema
+from xl.config.compose import CALLBACKS, LOGGERS, SCHEMAS, FilesDataSchema, MemorySchema, ModelSchema, OptimSchema
+from xl.config.compose import compose as compose_or_explain
+from xl.config.reference import generated_part, reference
+from xl.config.rules import check_memory
 from xl.data import SegmentDataModule
 from xl.data.tokenizers import TOKENIZERS
-from xl.footprint import PRECISION_BYTES
-from xl.lit import OptimConfig, XLLitModule
-from xl.model import XLConfig, count_parameters
-from xl.rules import check_memory
+from xl.model.transformer import XLConfig, count_parameters
+from xl.training.build import ConfigError, build_callbacks, build_loggers, check_device, model_config
+from xl.training.footprint import PRECISION_BYTES
+from xl.training.module import OptimConfig, XLLitModule
 
 
 def options(group: str) -> list[str]:
@@ -152,7 +152,8 @@ DATA = {  # source class (None: local files), its name argument, tokenizer
 }
 
 
-@pytest.mark.parametrize("option", [o for o in options("data") if o != "run"])  # run: a run's own data (xl.runs)
+# data=run: a run's own data (xl.training.runs)
+@pytest.mark.parametrize("option", [o for o in options("data") if o != "run"])
 def test_data_options(option, tmp_path):
     extra = [f"data.train={tmp_path}/a.txt", f"data.val={tmp_path}/b.txt", f"data.test={tmp_path}/c.txt"]
     cfg = compose_config(f"data={option}", f"data.cache_dir={tmp_path}", *(extra if option == "text" else []))
@@ -262,7 +263,8 @@ GROUPS = ["model", "memory", "data", "optim", "trainer", "callbacks", "logger"]
 def test_option_files_state_only_what_differs(group, option):
     body = OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{option}.yaml")) or {}
     entries = [e for e in body.pop("defaults", []) if e != "_self_"]
-    # data/run: evaluation's and generation's "the run's own data", whose keys change the run's settings (xl.runs)
+    # data/run: evaluation's and generation's "the run's own data", whose keys change the run's settings
+    # (xl.training.runs)
     assert entries or option == "none" or (group, option) == ("data", "run"), f"{group}/{option}.yaml names no schema"
     base: dict = {}
     for entry in entries:
@@ -271,9 +273,9 @@ def test_option_files_state_only_what_differs(group, option):
 
 
 def test_the_configuration_page_is_the_schema():
-    """docs/configuration.md's tables are what ``python -m xl.config_reference`` prints from the schema."""
+    """docs/configuration.md's tables are what ``python -m xl.config.reference`` prints from the schema."""
     page = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
-    assert generated_part(page) == reference(), "regenerate the tables with python -m xl.config_reference"
+    assert generated_part(page) == reference(), "regenerate the tables with python -m xl.config.reference"
 
 
 def test_the_schema_names_every_tokenizer_the_data_accepts():

@@ -1,4 +1,5 @@
-"""What a plain run prints: progress, results and real warnings, none of the libraries' notices (xl/console.py)."""
+"""What a plain run prints: progress, results and real warnings, none of the libraries' notices
+(xl/training/console.py)."""
 
 from __future__ import annotations
 

@@ -20,8 +20,6 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from tests.conftest import CONF_DIR
-from xl.build import build_datamodule, build_trainer
-from xl.checkpoint import Checkpoint
 from xl.convert import ConversionError, RunFolderError, convert
 from xl.convert.cli import main as convert_main
 from xl.convert.fetch import FetchError
@@ -29,7 +27,9 @@ from xl.convert.weights import model_config, read_safetensors, transformers_conf
 from xl.data.words import WordTokenizer
 from xl.evaluate import build_evaluator, evaluate
 from xl.generate import generate
-from xl.model import TransformerXL, XLConfig, count_parameters
+from xl.model.transformer import TransformerXL, XLConfig, count_parameters
+from xl.training.build import build_datamodule, build_trainer
+from xl.training.checkpoint import Checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "transfo_xl"
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_transfo_xl_fixture.py"

@@ -18,13 +18,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from xl.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 from xl.convert import ConversionError, convert
 from xl.convert.cli import main as convert_main
 from xl.convert.vocab import read_pickle
 from xl.convert.weights import TRANSFORMERS_DEFAULTS
 from xl.data.sources import decode
 from xl.data.words import WordTokenizer
+from xl.training.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "transfo_xl"
 WEIGHTS = "model.safetensors"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xl.model import TransformerXL, XLConfig
+from xl.model.transformer import TransformerXL, XLConfig
 
 WINDOW = 8
 VOCAB = 40

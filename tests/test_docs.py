@@ -107,7 +107,7 @@ SCALE = {
     "xl.footprint": [],
     "xl.convert": [],
     "xl.export": [],
-    "xl.config_reference": [],
+    "xl.config.reference": [],
     "xl.bench": ["--steps", "1", "--warmup", "0", "--repeats", "1", "--threads", "1", "--batch", "2",
                  "--tgt-len", "16"],
     "xl.bench.evalspeed": ["--attn-lens", "32", "--tgt-len", "16", "--batch", "2", "--positions", "2",

@@ -1,4 +1,4 @@
-"""Memory that stops at document boundaries (xl/documents.py), claim by claim.
+"""Memory that stops at document boundaries (xl/model/documents.py), claim by claim.
 
 The reference for the model is the obviously correct one: the same document read alone, from an empty memory, by
 the plain model (no document machinery), with its segments cut at the same places. Packed mid-row after other
@@ -17,13 +17,13 @@ import torch.nn.functional as F
 
 import xl.memory.base
 from tests.conftest import compose_config, tiny_overrides
-from xl.attention import TrainingAttentionCPU, rel_shift
-from xl.build import build_run
 from xl.data import DataError, SegmentDataModule, SegmentLoader, make_tokenizer, sources
 from xl.data.cache import open_cache
-from xl.documents import Documents, DocumentStats, positions, split_batch, stream_positions, summary
-from xl.lit import XLLitModule
-from xl.model import TransformerXL, XLConfig, attention_mask
+from xl.model.attention import TrainingAttentionCPU, rel_shift
+from xl.model.documents import Documents, DocumentStats, positions, split_batch, stream_positions, summary
+from xl.model.transformer import TransformerXL, XLConfig, attention_mask
+from xl.training.build import build_run
+from xl.training.module import XLLitModule
 
 TINY = dict(vocab_size=32, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0)
 PROBE = 13  # length of the probe document
@@ -358,7 +358,7 @@ def test_wikitext_articles_begin_at_title_lines(monkeypatch):
 
 def test_lit_passes_documents_only_under_reset_and_accepts_plain_batches(caplog):
     model_cfg = {**TINY, "mem_len": 0}
-    with caplog.at_level(logging.INFO, logger="xl.lit"):
+    with caplog.at_level(logging.INFO, logger="xl.training.module"):
         reset = XLLitModule(model_cfg, doc_boundaries="reset")
     assert any("memory length of 0" in r.message for r in caplog.records)
     ignore = XLLitModule(model_cfg)

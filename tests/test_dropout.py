@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from xl.dropout import Dropout, dropped_positions, keep_mask
+from xl.model.dropout import Dropout, dropped_positions, keep_mask
 
 N = 2_000_001  # odd: the last 64-bit draw is only half used
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import CONF_DIR, compose_config
-from xl.build import check_settings, model_config
-from xl.model import XLConfig, count_parameters
+from xl.model.transformer import XLConfig, count_parameters
+from xl.training.build import check_settings, model_config
 
 WT103_VOCAB = 267_735  # words of the WikiText-103 training split, with <eos> (Dai et al., 2019)
 # (experiment, vocabulary of its tokenizer, parameters reported by Dai et al., 2019)

@@ -12,15 +12,15 @@ import lightning as L
 import pytest
 import torch
 
-import train
 import xl.export
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
-from xl.build import build_run
-from xl.checkpoint import Checkpoint, CheckpointError
+from xl import train
 from xl.convert.cli import main as convert_main
 from xl.data.tokenizers import WordTokenizer, fingerprint
 from xl.hub import PretrainedXL
-from xl.runs import TrainedRun
+from xl.training.build import build_run
+from xl.training.checkpoint import Checkpoint, CheckpointError
+from xl.training.runs import TrainedRun
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "sharing.md"
 

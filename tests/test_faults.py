@@ -13,8 +13,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from omegaconf import open_dict
 
 from tests.conftest import compose_config, tiny_overrides
-from xl.build import build_callbacks, build_run
-from xl.lit import NonFiniteError
+from xl.training.build import build_callbacks, build_run
+from xl.training.module import NonFiniteError
 
 
 class PoisonGradients(L.Callback):

@@ -4,18 +4,18 @@ from real tensors, and the activation estimate bounds what autograd really saves
 import pytest
 import torch
 
-from xl.footprint import (
+from xl.footprint import main
+from xl.memory import nbytes
+from xl.model.transformer import TransformerXL, XLConfig, count_parameters
+from xl.training.footprint import (
     GiB,
     RunFootprint,
     activation_elements,
     available_memory,
     cache_footprint,
     describe_run,
-    main,
     run_footprint,
 )
-from xl.memory import nbytes
-from xl.model import TransformerXL, XLConfig, count_parameters
 
 TABLE = [
     ((512, 768, 12, 8), 37_748_736, 144.0, 0.14),
@@ -162,7 +162,7 @@ def test_activation_estimate_bounds_the_peak_of_real_windows_of_k_segments(memor
     from torch.utils.data import DataLoader
 
     from tests.test_tbptt import SavedBytesPeak, stream_segments
-    from xl.lit import XLLitModule
+    from xl.training.module import XLLitModule
 
     shape, batch, tgt_len = WINDOW_SHAPES[memory], 4, 8
     L.seed_everything(0, verbose=False)
@@ -179,8 +179,8 @@ def test_activation_estimate_bounds_the_peak_of_real_windows_of_k_segments(memor
 def test_the_run_estimate_and_its_fit_check_count_the_window(capsys):
     """python -m xl.footprint --run memory=tokens memory.grad_segments=K: the activations grow with K, as the run's
     estimate (what train.py checks) does."""
-    from xl.config import compose
-    from xl.footprint import run_estimate
+    from xl.config.compose import compose
+    from xl.training.footprint import run_estimate
 
     activations = [run_estimate(compose("config", ["memory=tokens", f"memory.grad_segments={k}"]))[0].activations
                    for k in (1, 2, 8)]

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
-from xl.build import build_run
-from xl.checkpoint import Checkpoint, CheckpointError
 from xl.data.words import WordTokenizer
 from xl.generate import generate, main, sample
-from xl.model import TransformerXL, XLConfig
+from xl.model.transformer import TransformerXL, XLConfig
+from xl.training.build import build_run
+from xl.training.checkpoint import Checkpoint, CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "transfo_xl"

@@ -8,12 +8,12 @@ import lightning as L
 import pytest
 import torch
 
-import train
 from tests.conftest import compose_config, run_hydra_main
-from xl.build import build_run
-from xl.checkpoint import Checkpoint, CheckpointError
+from xl import train
 from xl.convert import convert
-from xl.init_from import start_from
+from xl.training.build import build_run
+from xl.training.checkpoint import Checkpoint, CheckpointError
+from xl.training.init_from import start_from
 
 FIXTURE = Path(__file__).parent / "fixtures" / "transfo_xl"
 TEXT = FIXTURE / "text.txt"

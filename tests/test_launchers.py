@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from tests.conftest import CONF_DIR, compose_config, tiny_overrides
-from xl.build import ConfigError, check_device
+from xl.training.build import ConfigError, check_device
 
 ROOT = Path(__file__).resolve().parents[1]
 

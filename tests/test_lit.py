@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from xl.build import build_run
-from xl.lit import XLLitModule
-from xl.optim import warmup_cosine
+from xl.training.build import build_run
+from xl.training.module import XLLitModule
+from xl.training.optim import warmup_cosine
 
 
 class Recorder(L.Callback):

@@ -14,10 +14,10 @@ from torch import Tensor
 
 from tests.conftest import compose_config, tiny_overrides
 from tests.helpers.reference import position_embedding
-from xl.build import ConfigError, build_run
-from xl.documents import Documents, positions
-from xl.model import TransformerXL, XLConfig
-from xl.sweep import columns
+from xl.model.documents import Documents, positions
+from xl.model.transformer import TransformerXL, XLConfig
+from xl.training.build import ConfigError, build_run
+from xl.training.sweep import columns
 
 TINY = dict(vocab_size=23, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0)
 SEG = 5  # text tokens per segment

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from tests.helpers.reference import naive_position_scores, reference_attention, reference_logits
-from xl.attention import TrainingAttentionCPU, rel_shift
-from xl.dropout import keep_mask
-from xl.footprint import cache_footprint
 from xl.memory import nbytes
-from xl.model import TransformerXL, XLConfig, attention_mask, count_parameters
+from xl.model.attention import TrainingAttentionCPU, rel_shift
+from xl.model.dropout import keep_mask
+from xl.model.transformer import TransformerXL, XLConfig, attention_mask, count_parameters
+from xl.training.footprint import cache_footprint
 
 TINY = dict(vocab_size=32, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0)
 
@@ -400,7 +400,7 @@ def test_init_mems_and_param_count():
 
 
 def test_position_tables_are_reused_and_bounded():
-    from xl.model import CONTEXT_CACHE_SIZE
+    from xl.model.transformer import CONTEXT_CACHE_SIZE
 
     model = make_model(mem_len=4)
     first = model._context(4, 4, -1, None)

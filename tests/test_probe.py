@@ -77,8 +77,8 @@ def test_scorer_counts_hits_per_distance():
 def test_the_probe_trains_with_the_users_memory_settings(tmp_path):
     """The documented memory-token probe (data.source.gap=400 memory=tokens): the run it builds keeps the user's gap
     and trains memory tokens through windows of two segments, as conf/memory/tokens.yaml sets."""
-    from xl.build import build_run
     from xl.probe import probe_config
+    from xl.training.build import build_run
 
     cfg = probe_config(32, 32, [4, 16], 10, tmp_path, ["data.source.gap=400", "memory=tokens"])
     assert (cfg.data.source.gap, cfg.memory.mem_len, cfg.memory.num_tokens, cfg.memory.grad_segments) == (400, 32, 4, 2)

@@ -15,11 +15,11 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import OmegaConf
 
-import train
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
-from xl.build import build_callbacks, build_run
-from xl.checkpoint import CheckpointError
-from xl.lit import XLLitModule
+from xl import train
+from xl.training.build import build_callbacks, build_run
+from xl.training.checkpoint import CheckpointError
+from xl.training.module import XLLitModule
 
 STEPS, STOP_AT = 12, 7  # epochs of 5 segments: the stop falls in the middle of the second epoch
 
@@ -89,8 +89,8 @@ def test_weights_that_do_not_fit_the_model_are_one_sentence(tmp_path, corpus, ed
     """A checkpoint whose config fits but whose weights do not (edited, or from another version of a module) is
     refused by resume, evaluation and loading, before any work, naming the tensor."""
     from tests.test_evaluate import compose_eval
-    from xl.checkpoint import Checkpoint
     from xl.evaluate import evaluate
+    from xl.training.checkpoint import Checkpoint
 
     fit(resume_cfg(tmp_path, corpus, "first", "trainer.max_steps=3",
                    "callbacks.model_checkpoint.every_n_train_steps=3"))

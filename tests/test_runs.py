@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-import train
 import xl.evaluate
 import xl.generate
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from tests.test_evaluate import compose_eval
-from xl.build import build_run
-from xl.checkpoint import Checkpoint
-from xl.config import ConfigError
+from xl import train
+from xl.config.compose import ConfigError
 from xl.data.tokenizers import fingerprint
-from xl.runs import TrainedRun, find_run_folder, run_data
+from xl.training.build import build_run
+from xl.training.checkpoint import Checkpoint
+from xl.training.runs import TrainedRun, find_run_folder, run_data
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

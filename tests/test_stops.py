@@ -16,9 +16,9 @@ import lightning as L
 import pytest
 import torch
 
-import train
 from tests.conftest import compose_config, tiny_overrides
-from xl.checkpoint import CheckpointError
+from xl import train
+from xl.training.checkpoint import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
-from xl.hydra_callbacks import FinishWandbRun
-from xl.sweep import write_summary
+from xl.training.hydra_callbacks import FinishWandbRun
+from xl.training.sweep import write_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -147,7 +147,7 @@ def test_wandb_sweep_config_is_valid_for_train_py():
 
 
 def test_summary_columns_name_every_memory_setting_and_bits_per_byte_once():
-    from xl.sweep import columns
+    from xl.training.sweep import columns
 
     rows = [{"job": "0", "mem_len": 64, "grad_segments": 2, "cmem_len": 0, "unit": "ppl", "val/ppl": 30.0,
              "val/bpb": 1.2}, {"job": "1", "mem_len": 64, "grad_segments": 1, "unit": "ppl"}]
@@ -160,7 +160,7 @@ def test_jobs_of_several_tokenizers_are_tabled_with_their_own_figures_and_plotte
     """A sweep over data.tokenizer: every job's own figure and bpb are columns, the <unk> share beside them, and the
     plot shows bpb, the figure they share (the first job's unit, ppl, would leave the byte job out, and would put a
     word model's ppl beside a subword model's)."""
-    from xl.sweep import columns, plotted_unit
+    from xl.training.sweep import columns, plotted_unit
 
     rows = [{"job": "word", "mem_len": 64, "unit": "ppl", "val/ppl": 40.0, "val/bpb": 2.9, "val/unk_share": 0.4},
             {"job": "byte", "mem_len": 64, "unit": "bpb", "val/bpb": 2.5}]

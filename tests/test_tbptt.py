@@ -17,13 +17,13 @@ from torch.utils.data import DataLoader
 
 from tests.conftest import compose_config, tiny_overrides
 from tests.helpers.reference import reference_attention
-from xl import attention
-from xl.build import ConfigError, build_run
-from xl.config import compose
-from xl.footprint import segment_activation_bytes
-from xl.lit import XLLitModule
-from xl.model import TransformerXL, XLConfig
-from xl.optim import warmup_cosine
+from xl.config.compose import compose
+from xl.model import attention
+from xl.model.transformer import TransformerXL, XLConfig
+from xl.training.build import ConfigError, build_run
+from xl.training.footprint import segment_activation_bytes
+from xl.training.module import XLLitModule
+from xl.training.optim import warmup_cosine
 
 TINY = dict(vocab_size=64, n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, mem_len=8)
 

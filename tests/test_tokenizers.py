@@ -325,8 +325,8 @@ def test_prompts_round_trip_through_the_datamodule_tokenizer(tmp_path, corpus):
 def test_the_softmax_fits_the_vocabulary_unless_the_model_sets_its_clusters(tmp_path, corpus):
     """model.cutoffs=null (the default): one softmax for a small or unranked vocabulary, adaptive beyond."""
     from tests.conftest import compose_config, tiny_overrides
-    from xl.build import build_run, model_config
     from xl.data.tokenizers import default_cutoffs
+    from xl.training.build import build_run, model_config
 
     run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "data.tokenizer=bpe",
                                    "+data.tokenizer_kwargs.vocab_size=320"))
@@ -358,9 +358,9 @@ def test_a_checkpoint_refuses_another_tokenizer_of_the_same_size(tmp_path, corpu
     import xl.generate
     from tests.conftest import compose_config, run_hydra_main, tiny_overrides
     from tests.test_evaluate import compose_eval
-    from xl.build import build_run
-    from xl.checkpoint import CheckpointError
     from xl.evaluate import evaluate
+    from xl.training.build import build_run
+    from xl.training.checkpoint import CheckpointError
 
     run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "data.tokenizer=char", "trainer.max_steps=2"))
     run.trainer.fit(run.module, datamodule=run.datamodule)

@@ -15,7 +15,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict
 
 from tests.conftest import CONF_DIR, compose_config, tiny_overrides
-from xl.build import build_run, run_identity
+from xl.training.build import build_run, run_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 

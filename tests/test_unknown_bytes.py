@@ -25,11 +25,11 @@ from torch import Tensor, nn
 
 from tests.conftest import CONF_DIR, compose_config, tiny_overrides
 from tests.test_data import write_corpus
-from xl.build import build_run
 from xl.data import SegmentDataModule, SegmentLoader
-from xl.documents import target_bytes
-from xl.eval_results import format_table
 from xl.evaluate import evaluate
+from xl.model.documents import target_bytes
+from xl.training.build import build_run
+from xl.training.eval_results import format_table
 
 TRAIN = "the cat sat on the mat \n" * 30 + "a dog ran \n" * 10
 # Characters and words the training split lacks, of 1 to 4 bytes (and, for words, of several lengths).

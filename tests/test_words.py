@@ -7,9 +7,9 @@ import math
 import torch
 
 from tests.conftest import compose_config, tiny_overrides
-from xl.build import build_run
-from xl.checkpoint import Checkpoint
 from xl.generate import generate
+from xl.training.build import build_run
+from xl.training.checkpoint import Checkpoint
 
 
 def test_word_level_adaptive_run_trains_tests_and_generates(tmp_path, corpus):

@@ -8,7 +8,7 @@ context (``memory.eval_mem_len``, ``memory.clamp_len``, ``memory.eval_same_lengt
 from ``conf/evaluate.yaml`` and its groups, so a checkpoint can be read with a longer memory than it was trained
 with, as in the paper. The results go to
 ``results.json`` in the output folder and to W&B (the evaluated run's own W&B run when its folder records one);
-``-m memory.eval_mem_len=0,128,512`` ends with the sweep's summary table and plot (:mod:`xl.sweep`).
+``-m memory.eval_mem_len=0,128,512`` ends with the sweep's summary table and plot (:mod:`xl.training.sweep`).
 
 ``warmup=N`` feeds the first N segments of every stream without scoring them, so that every scored token has a
 full memory. ``vanilla=true`` is the paper's baseline
@@ -33,18 +33,18 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, open_dict
 from torch import Tensor
 
-from xl.adaptive import widen
-from xl.build import ConfigError, build_datamodule, check_device, make_trainer
-from xl.checkpoint import Checkpoint, describe_corpus
-from xl.config import command_line_keys, entry_point
-from xl.console import errors_logged, quiet_warnings
-from xl.documents import MODES, Documents, DocumentStats, split_batch, summary, target_bytes
-from xl.eval_results import describe, format_table, log_results, record, scored_corpus, write_results
-from xl.lit import XLLitModule
+from xl.config.compose import command_line_keys, entry_point
+from xl.config.rules import check_evaluate_config
 from xl.memory import packed_size
-from xl.model import TransformerXL
-from xl.rules import check_evaluate_config
-from xl.runs import find_run_folder, run_data, use_run_data
+from xl.model.adaptive import widen
+from xl.model.documents import MODES, Documents, DocumentStats, split_batch, summary, target_bytes
+from xl.model.transformer import TransformerXL
+from xl.training.build import ConfigError, build_datamodule, check_device, make_trainer
+from xl.training.checkpoint import Checkpoint, describe_corpus
+from xl.training.console import errors_logged, quiet_warnings
+from xl.training.eval_results import describe, format_table, log_results, record, scored_corpus, write_results
+from xl.training.module import XLLitModule
+from xl.training.runs import find_run_folder, run_data, use_run_data
 
 log = logging.getLogger("evaluate")
 
@@ -285,7 +285,7 @@ def segments_note(set_keys: set[str], whose: str) -> str:
 
 def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     """``{split: {"<split>/loss", "<split>/<bpb|bpc|ppl>", "<split>/bpb", "<split>/tokens", "<split>/tok_s"}}`` for
-    val and test, and ``<split>/unk_share`` for a tokenizer with ``<unk>`` (:mod:`xl.metrics`);
+    val and test, and ``<split>/unk_share`` for a tokenizer with ``<unk>`` (:mod:`xl.training.metrics`);
     with ``per_document``, also ``<split>/docs``, ``<split>/doc_mean_<unit>`` and ``<split>/pos_<range>_<unit>``.
     Also written to ``results.json`` in ``paths.output_dir`` and logged to W&B (with ``logger=wandb``)."""
     check_evaluate_config(cfg)

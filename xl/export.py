@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from xl.build import ConfigError, build_datamodule
-from xl.checkpoint import Checkpoint
-from xl.config import entry_point
-from xl.console import errors_logged, quiet_warnings
+from xl.config.compose import entry_point
 from xl.hub import PretrainedXL
 from xl.hub.access import HubError, check_hub, check_repo_id
-from xl.run_folder import RunFolderError, check_new_folder, new_folder
-from xl.runs import use_run_data
+from xl.training.build import ConfigError, build_datamodule
+from xl.training.checkpoint import Checkpoint
+from xl.training.console import errors_logged, quiet_warnings
+from xl.training.run_folder import RunFolderError, check_new_folder, new_folder
+from xl.training.runs import use_run_data
 
 
 @entry_point("export")

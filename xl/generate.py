@@ -7,7 +7,7 @@ quotes: Hydra reads ``prompt="def main("`` as a quoted string, which may hold pa
 ``warmup=PATH`` names a text file that is read first to fill the memory (a cold start leaves the first tokens
 without context; a path that is not a file is refused), ``warmup_text="..."`` gives that text itself; the prompt
 follows, then the samples, one token per step through the model's incremental decoder
-(:meth:`xl.model.TransformerXL.decoder`): each sampled token gets the logits of the model's forward of that
+(:meth:`xl.model.transformer.TransformerXL.decoder`): each sampled token gets the logits of the model's forward of that
 token over the memory carried (``mem_len``), computed against cached keys and values.
 
 Example, with RUN the run folder train.py printed::
@@ -26,15 +26,15 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from xl.build import ConfigError, build_datamodule
-from xl.checkpoint import Checkpoint
-from xl.config import entry_point
-from xl.console import errors_logged, quiet_warnings
+from xl.config.compose import entry_point
+from xl.config.rules import check_generate_config
 from xl.data.sources import decode
 from xl.data.tokenizers import Tokenizer, WordTokenizer
-from xl.model import TransformerXL
-from xl.rules import check_generate_config
-from xl.runs import use_run_data
+from xl.model.transformer import TransformerXL
+from xl.training.build import ConfigError, build_datamodule
+from xl.training.checkpoint import Checkpoint
+from xl.training.console import errors_logged, quiet_warnings
+from xl.training.runs import use_run_data
 
 
 def sample(logits: Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator) -> Tensor:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from xl.bench.runner import SegmentRunner
-from xl.config import compose, exit_on_user_error
+from xl.config.compose import compose, exit_on_user_error
 from xl.data.recall import KEYS, QUERY
 
 # Small enough for a CPU; 2 layers and width 64 learn the retrieval within 3,000 steps (width 32 did not in 600).
@@ -107,7 +107,7 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
     """
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from xl.build import build_run
+    from xl.training.build import build_run
 
     results: dict[int, dict[int, float]] = {}
     seg_len = n_layer = 0
@@ -118,7 +118,7 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
         run = build_run(cfg)
         try:
             run.trainer.fit(run.module, datamodule=run.datamodule)
-        except SIGTERMException as err:  # a signal (xl.callbacks.PreemptionCheckpoint): the probe stops
+        except SIGTERMException as err:  # a signal (xl.training.callbacks.PreemptionCheckpoint): the probe stops
             sys.exit(f"error: {err or 'stopped by a signal'}; the probe's runs are in {out_dir}")
         rows = np.asarray(run.datamodule.val_dataloader().rows)
         counts = recall_accuracy(run.module.model, rows, seg_len, mem_len)

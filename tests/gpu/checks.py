@@ -1,5 +1,5 @@
 """What only a GPU can show, as checks that the tests in this folder run: real Lightning Trainers built from the
-project's Hydra config by :func:`xl.build.build_run`, on a small corpus written to a temporary folder.
+project's Hydra config by :func:`xl.training.build.build_run`, on a small corpus written to a temporary folder.
 
 - precision: training steps with gradient clipping under bf16-mixed, 16-mixed and 32-true; the losses are finite,
   the clipped gradient norm stays within ``trainer.gradient_clip_val`` and the weights change;
@@ -33,10 +33,10 @@ import torch
 from torch import Tensor
 
 from xl.bench.gpu import measure, peak_tflops
-from xl.build import build_run
-from xl.config import compose
+from xl.config.compose import compose
 from xl.generate import generate
-from xl.model import TransformerXL, XLConfig
+from xl.model.transformer import TransformerXL, XLConfig
+from xl.training.build import build_run
 
 CLIP_SLACK = 1e-3  # relative: clip_grad_norm_ scales to clip / (norm + 1e-6), a hair under the clip value
 DECODE_TOLERANCE = 1e-4  # float32 logits of the cached decoder against the full forward, relative to their scale

@@ -79,7 +79,7 @@ class Pad(L.Callback):
 def config(corpus: dict[str, Path], work: Path, run: Path, *extra: str, **pad: Any) -> Any:
     """The tiny run, checkpointing ``last.ckpt`` (only) every 2 steps, its checkpoints padded (``pad``: Pad's
     arguments)."""
-    import xl.config  # noqa: F401 (registers the schemas the configs name)
+    import xl.config.compose  # noqa: F401 (registers the schemas the configs name)
     from tests.conftest import compose_config, tiny_overrides
 
     overrides = [o for o in tiny_overrides(work, corpus) if not o.startswith(("paths.output_dir", "data.cache_dir"))]
@@ -91,7 +91,7 @@ def config(corpus: dict[str, Path], work: Path, run: Path, *extra: str, **pad: A
 
 
 def fit(cfg: Any) -> L.Trainer:
-    from xl.build import build_run
+    from xl.training.build import build_run
 
     run = build_run(cfg)
     run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=run.ckpt_path, weights_only=True)
@@ -104,7 +104,7 @@ def files(folder: Path) -> dict[str, int]:
 
 def resumable(run: Path) -> dict[str, Any]:
     """What a resume of the folder would start from: the checkpoint it picks, or why it refuses."""
-    from xl.checkpoint import Checkpoint
+    from xl.training.checkpoint import Checkpoint
 
     try:
         checkpoint = Checkpoint.open(run)
@@ -168,7 +168,7 @@ def kill(corpus: dict[str, Path], work: Path) -> dict[str, Any]:
 
 def full(corpus: dict[str, Path], work: Path, fill_at: int) -> dict[str, Any]:
     """The run's disk fills up just before checkpoint number ``fill_at``; train.py's closing sentence is kept."""
-    import train
+    from xl import train
 
     name = "full" if fill_at > 1 else "full_first"
     disk = mount_tmpfs(work / name / "fs", "64m")
@@ -181,8 +181,8 @@ def full(corpus: dict[str, Path], work: Path, fill_at: int) -> dict[str, Any]:
 
 def full_wandb(corpus: dict[str, Path], work: Path) -> dict[str, Any]:
     """``python train.py`` (in this process) with the W&B logger, on a disk too small for the first checkpoint."""
-    import train
     from tests.conftest import tiny_overrides
+    from xl import train
 
     run = mount_tmpfs(work / "full_wandb" / "fs", "350k") / "run"
     overrides = [o for o in tiny_overrides(work, corpus) if not o.startswith(("paths.output_dir", "logger"))]

@@ -12,8 +12,8 @@ import math
 import torch
 from torch import Tensor
 
-from xl.attention import RelMultiHeadAttention
-from xl.model import TransformerXL
+from xl.model.attention import RelMultiHeadAttention
+from xl.model.transformer import TransformerXL
 
 
 def position_embedding(distance: int, d_model: int, dtype: torch.dtype) -> Tensor:

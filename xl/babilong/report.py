@@ -4,7 +4,7 @@ The heatmap is BABILong's leaderboard figure (its ``notebooks/draw_evals.ipynb``
 the accuracy in percent in each cell, coloured from red (0) through yellow to green (100). Under ``-m``
 :class:`BabilongSummary` (a Hydra callback) gathers the jobs' ``results.json`` into ``summary.csv``, ``summary.md``
 (one row per job, one column per task and length, and the mean over tasks per length) and ``summary.png`` (the jobs'
-heatmaps side by side), and logs them to W&B, as a training sweep's summary is (:mod:`xl.sweep`).
+heatmaps side by side), and logs them to W&B, as a training sweep's summary is (:mod:`xl.training.sweep`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from xl.build import run_identity
-from xl.callbacks import write_json
-from xl.console import quiet_wandb
-from xl.sweep import RESULTS_FILE, collect
+from xl.training.build import run_identity
+from xl.training.callbacks import write_json
+from xl.training.console import quiet_wandb
+from xl.training.sweep import RESULTS_FILE, collect
 
 log = logging.getLogger(__name__)
 HEATMAP = "heatmap.png"

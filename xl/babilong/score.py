@@ -1,13 +1,13 @@
 """Score a trained run on BABILong-style tasks, with Hydra's command line (``key=value`` settings, ``-m`` sweeps).
 
 For every task and length (``tasks=[qa1,qa2,qa3] lengths=[0,1k,4k,16k] samples=100``) the scorer makes ``samples``
-test-split samples (:mod:`xl.babilong.samples`: never a story the run trained on, the same ones for a seed), lengths
-in the run's tokens, the background the run's (``data/background=...`` names another). Each sample is read through
-the model's memory segment by segment with its incremental decoder (:meth:`xl.model.TransformerXL.decoder`), so the
-memory held does not grow with the length; the answer is then generated greedily up to its line end
-(``max_new_tokens`` at most) and judged by BABILong's rule (:mod:`xl.babilong.answers`). Samples are read
-``batch_size`` at a time, each row's sample preceded by filler that it never sees (a document of its own), so that
-the rows end together.
+test-split samples (:mod:`xl.data.babilong.samples`: never a story the run trained on, the same ones for a seed),
+lengths in the run's tokens, the background the run's (``data/background=...`` names another). Each sample is read
+through the model's memory segment by segment with its incremental decoder
+(:meth:`xl.model.transformer.TransformerXL.decoder`), so the memory held does not grow with the length; the answer is
+then generated greedily up to its line end (``max_new_tokens`` at most) and judged by BABILong's rule
+(:mod:`xl.data.babilong.answers`). Samples are read ``batch_size`` at a time, each row's sample preceded by filler that
+it never sees (a document of its own), so that the rows end together.
 
 The decoder's context is the run's: its memory (``mem_len``, a model without memory its training segment),
 ``clamp_len`` and ``same_length``, each replaced by the key of the same name, and segments of the run's training
@@ -33,21 +33,21 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from xl.babilong.answers import is_correct
-from xl.babilong.background import Sentences
-from xl.babilong.data import token_counter
-from xl.babilong.lengths import WORDS, is_length, length_name, parse_length
 from xl.babilong.report import HEATMAP, Cell, log_results, record, table, write_results
-from xl.babilong.samples import Sample, samples
-from xl.babilong.tasks import LABELS, TASKS
-from xl.bounds import Bound, one_of, optional, setting
-from xl.config import ConfigError, entry_point
-from xl.console import errors_logged, quiet_warnings
+from xl.config.bounds import Bound, one_of, optional, setting
+from xl.config.compose import ConfigError, entry_point
+from xl.config.rules import check_bounds
+from xl.config.schema import COUNT, POSITIVE, PathsSchema
+from xl.data.babilong.answers import is_correct
+from xl.data.babilong.background import Sentences
+from xl.data.babilong.data import token_counter
+from xl.data.babilong.lengths import WORDS, is_length, length_name, parse_length
+from xl.data.babilong.samples import Sample, samples
+from xl.data.babilong.tasks import LABELS, TASKS
 from xl.data.sources import StdlibSource
 from xl.generate import decoding_context
-from xl.rules import check_bounds
-from xl.runs import TrainedRun
-from xl.schema import COUNT, POSITIVE, PathsSchema
+from xl.training.console import errors_logged, quiet_warnings
+from xl.training.runs import TrainedRun
 
 log = logging.getLogger("babilong")
 

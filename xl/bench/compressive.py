@@ -22,8 +22,8 @@ import torch
 
 from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S, cpu_model, interleaved_rates, report_ratios
-from xl.decoding import IncrementalDecoder
-from xl.model import TransformerXL, XLConfig
+from xl.model.decoding import IncrementalDecoder
+from xl.model.transformer import TransformerXL, XLConfig
 
 MODES = ("train", "eval", "decode")
 

@@ -16,8 +16,8 @@ from torch import Tensor
 
 from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S, interleaved_rates, report_ratios
-from xl.documents import Documents
-from xl.model import TransformerXL, XLConfig, XLOutput
+from xl.model.documents import Documents
+from xl.model.transformer import TransformerXL, XLConfig, XLOutput
 
 CONDITIONS = ("none", "far", "boundaries")
 

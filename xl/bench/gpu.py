@@ -1,6 +1,6 @@
 """Training throughput, peak memory and model FLOPs utilisation on an accelerator: ``python -m xl.bench.gpu``.
 
-Runs the training step as :class:`xl.lit.XLLitModule` does (:class:`xl.bench.runner.SegmentRunner`: forward
+Runs the training step as :class:`xl.training.module.XLLitModule` does (:class:`xl.bench.runner.SegmentRunner`: forward
 with the memory carried, backward, gradient clipping, AdamW) for one of the paper's experiment configs or
 config S, in bf16 autocast by default, optionally under ``torch.compile``. Model FLOPs are counted exactly for
 the shapes run (see :func:`model_flops`; a test checks the count against ``torch.utils.flop_counter``), and MFU
@@ -17,8 +17,8 @@ import torch
 
 from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S
-from xl.config import compose
-from xl.model import TransformerXL, XLConfig
+from xl.config.compose import compose
+from xl.model.transformer import TransformerXL, XLConfig
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "32-true": None}  # precision → autocast dtype
 CLIP = 0.25  # trainer.gradient_clip_val, the paper's clipping
@@ -62,7 +62,7 @@ def experiment_shape(name: str) -> tuple[dict, int, int]:
     (``S``: the CPU benchmark's model, batch 8, segments of 128)."""
     if name == "S":
         return dict(CONFIG_S), 8, 128
-    from xl.build import model_config
+    from xl.training.build import model_config
 
     cfg = compose("config", [f"experiment={name}"])
     return model_config(cfg, 256), cfg.data.batch_size, cfg.data.tgt_len
@@ -74,7 +74,7 @@ def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: to
     torch.manual_seed(0)
     model = TransformerXL(cfg).to(device)
     if compile:
-        from xl.build import compile_model
+        from xl.training.build import compile_model
 
         compile_model(model)
     tokens = token_stream(cfg, batch, tgt_len, 8).to(device)

@@ -1,15 +1,14 @@
 """The one segment runner of the benchmarks and the memory probe.
 
-A [B, T] token stream is fed segment by segment through a :class:`~xl.model.TransformerXL`, the memory carried
-from each segment to the next, as training and evaluation read the data. Training runs the step that
-:class:`xl.lit.XLLitModule` runs under Lightning: forward (under autocast for the mixed precisions), backward (of
-the loss plus a compressive memory's reconstruction loss), gradient clipping by norm, AdamW, gradients set to
-None. The optimizer is fused, except under float16 autocast,
-where a GradScaler scales the loss and must unscale the gradients before they are clipped: there, as in the
-Lightning module, the foreach AdamW runs and the scaler skips overflowing steps. (The module's guards against
-non-finite steps are left out: on finite steps they change nothing.) A test checks that the weights come out
-bitwise equal to a Lightning run's. Evaluation runs without gradients and carries the memory's projected keys and
-values (``cache_kv``), as the module evaluates.
+A [B, T] token stream is fed segment by segment through a :class:`~xl.model.transformer.TransformerXL`, the memory
+carried from each segment to the next, as training and evaluation read the data. Training runs the step that
+:class:`xl.training.module.XLLitModule` runs under Lightning: forward (under autocast for the mixed precisions),
+backward (of the loss plus a compressive memory's reconstruction loss), gradient clipping by norm, AdamW, gradients set
+to None. The optimizer is fused, except under float16 autocast, where a GradScaler scales the loss and must unscale the
+gradients before they are clipped: there, as in the Lightning module, the foreach AdamW runs and the scaler skips
+overflowing steps. (The module's guards against non-finite steps are left out: on finite steps they change nothing.) A
+test checks that the weights come out bitwise equal to a Lightning run's. Evaluation runs without gradients and carries
+the memory's projected keys and values (``cache_kv``), as the module evaluates.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from xl.model import TransformerXL, XLConfig, XLOutput
+from xl.model.transformer import TransformerXL, XLConfig, XLOutput
 
 
 def token_stream(cfg: XLConfig, batch: int, tgt_len: int, n_segments: int, seed: int = 0) -> Tensor:

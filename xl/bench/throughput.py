@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from xl.attention import RelMultiHeadAttention
 from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S, cpu_model, median_rate
-from xl.model import TransformerXL, XLConfig
+from xl.model.attention import RelMultiHeadAttention
+from xl.model.transformer import TransformerXL, XLConfig
 
 
 def train_rate(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup: int, repeats: int) -> float:

@@ -12,7 +12,7 @@ from xl.convert.fetch import FetchError
 from xl.convert.vocab import VocabularyError
 from xl.convert.weights import ConversionError
 from xl.hub.access import HubError
-from xl.run_folder import RunFolderError
+from xl.training.run_folder import RunFolderError
 
 
 def main(argv: list[str] | None = None) -> None:

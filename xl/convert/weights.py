@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from xl.model import TransformerXL, XLConfig
-from xl.torch_errors import load_failure
+from xl.model.transformer import TransformerXL, XLConfig
+from xl.training.torch_errors import load_failure
 
 LAYER_NORM_EPS = 1e-5  # torch's default, which this project's layer norms use
 # What transformers 4.57.6 (the last release with Transformer-XL) reads where config.json is silent: the arguments

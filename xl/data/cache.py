@@ -1,18 +1,18 @@
 """Tokenise a source once and keep the ids on disk as memory-mappable ``.npy`` files.
 
-The folder name is a hash of the source identity (its document rule included) and tokenizer settings, so a
-changed file, document rule or vocabulary setting gets a fresh folder; a folder whose recorded settings differ
-from the run's is refused, never mixed. Each split has its ids (``<split>.npy``) and the offsets where its
-documents begin (``<split>.docs.npy``, int64, sorted, from 0), both memory-mapped when read. A split where the
-tokenizer met text its vocabulary lacks (read as ``<unk>``, whose one table entry cannot say how many bytes each
-stands for) also has the UTF-8 length of every position's text (``<split>.bytes.npy``, the smallest unsigned dtype
-that holds them), so that bits per byte count the real bytes and charge the spelling of each ``<unk>``
-(:mod:`xl.metrics`); where the tokenizer's per-id table is exact (a literal ``<unk>`` in the text included) there
-is no such file. A split whose source marks answer pieces (:mod:`xl.data.sources`) also has their token spans
-(``<split>.answers.npy``, int64 ``[n, 2]`` of start and end offsets, sorted). A cache is built in
-a private temporary folder (the fitted vocabulary and the ids it gave, together) and renamed into place only when
-complete, ``meta.json`` included, so a crash, a full disk or two processes building at once never leave a cache
-that a later run trusts (:mod:`xl.data.workspace`: the temporary folders of killed builds are swept away).
+The folder name is a hash of the source identity (its document rule included) and tokenizer settings, so a changed file,
+document rule or vocabulary setting gets a fresh folder; a folder whose recorded settings differ from the run's is
+refused, never mixed. Each split has its ids (``<split>.npy``) and the offsets where its documents begin
+(``<split>.docs.npy``, int64, sorted, from 0), both memory-mapped when read. A split where the tokenizer met text its
+vocabulary lacks (read as ``<unk>``, whose one table entry cannot say how many bytes each stands for) also has the UTF-8
+length of every position's text (``<split>.bytes.npy``, the smallest unsigned dtype that holds them), so that bits per
+byte count the real bytes and charge the spelling of each ``<unk>`` (:mod:`xl.training.metrics`); where the tokenizer's
+per-id table is exact (a literal ``<unk>`` in the text included) there is no such file. A split whose source marks
+answer pieces (:mod:`xl.data.sources`) also has their token spans (``<split>.answers.npy``, int64 ``[n, 2]`` of start
+and end offsets, sorted). A cache is built in a private temporary folder (the fitted vocabulary and the ids it gave,
+together) and renamed into place only when complete, ``meta.json`` included, so a crash, a full disk or two processes
+building at once never leave a cache that a later run trusts (:mod:`xl.data.workspace`: the temporary folders of killed
+builds are swept away).
 
 ``meta.json`` records the size of every other file of the folder. Each open compares them, parses the tokenizer and
 checks that the vocabulary, the dtypes and the token counts agree with the record (a few ``stat`` calls and the

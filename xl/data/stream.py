@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from xl.data.errors import DataError
-from xl.documents import Documents, stream_positions
-from xl.metrics import IGNORE_INDEX
+from xl.model.documents import Documents, stream_positions
+from xl.training.metrics import IGNORE_INDEX
 
 # (x, y), with the rows' Documents where the loader knows them, then the targets' UTF-8 lengths where it has them
 Batch = tuple[torch.Tensor | Documents, ...]
@@ -42,12 +42,12 @@ def split_streams(ids: np.ndarray, batch_size: int, rank: int = 0, world_size: i
 
 
 class SegmentLoader:
-    """Yields ``(x, y)`` int64 tensors ``[B, L]``: ``x = rows[:, tL : tL+L]`` and ``y`` the same shifted by one;
-    given ``doc_starts`` (the sorted offsets in ``ids`` where documents begin), ``(x, y, documents)`` with the
-    :class:`xl.documents.Documents` of every row (positions of the inputs and targets in their documents); given
+    """Yields ``(x, y)`` int64 tensors ``[B, L]``: ``x = rows[:, tL : tL+L]`` and ``y`` the same shifted by one; given
+    ``doc_starts`` (the sorted offsets in ``ids`` where documents begin), ``(x, y, documents)`` with the
+    :class:`xl.model.documents.Documents` of every row (positions of the inputs and targets in their documents); given
     ``target_bytes`` (each position's UTF-8 length, aligned with ``ids``), the batch ends with the targets' lengths
-    ``[B, L]`` (int64), read by :func:`xl.documents.target_bytes`; given ``scored`` (sorted ``[start, end)`` spans of
-    offsets in ``ids``), the targets outside them are ``IGNORE_INDEX``, which the loss and the metrics leave out.
+    ``[B, L]`` (int64), read by :func:`xl.model.documents.target_bytes`; given ``scored`` (sorted ``[start, end)`` spans
+    of offsets in ``ids``), the targets outside them are ``IGNORE_INDEX``, which the loss and the metrics leave out.
 
     Every token but the last of each row is an input once; the last segment may be shorter than ``tgt_len``.
     The position (the next segment to yield) is reset by each ``iter()`` - Lightning stops a sized loader after

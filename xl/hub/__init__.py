@@ -6,13 +6,14 @@
     tokenizer.json      the Hugging Face tokenizers file, its ids the model's (bpe, unigram tokenizers)
     README.md           the model card: YAML metadata (library, tags, pipeline) and what the model is
 
-:class:`PretrainedXL` is the model (a :class:`~xl.model.TransformerXL`, with its tokenizer) and huggingface_hub's
-``PyTorchModelHubMixin``: ``save_pretrained(folder)``, ``PretrainedXL.from_pretrained(folder or "org/name")``,
-``push_to_hub("org/name")``. Loading reads JSON and safetensors only, never a pickle, checks every weight's name and
-shape, and checks the tokenizer file against the fingerprint config.json records. A config.json that another project
-wrote is refused in one sentence, and so is a hub call that cannot succeed (``HF_HUB_OFFLINE`` set, or the endpoint
-out of reach), at once rather than after huggingface_hub's retries. :meth:`PretrainedXL.to_run` writes a run folder
-(:mod:`xl.run_folder`) that ``train.py init_from=…`` fine-tunes from (``python -m xl.convert`` calls it).
+:class:`PretrainedXL` is the model (a :class:`~xl.model.transformer.TransformerXL`, with its tokenizer) and
+huggingface_hub's ``PyTorchModelHubMixin``: ``save_pretrained(folder)``, ``PretrainedXL.from_pretrained(folder or
+"org/name")``, ``push_to_hub("org/name")``. Loading reads JSON and safetensors only, never a pickle, checks every
+weight's name and shape, and checks the tokenizer file against the fingerprint config.json records. A config.json that
+another project wrote is refused in one sentence, and so is a hub call that cannot succeed (``HF_HUB_OFFLINE`` set, or
+the endpoint out of reach), at once rather than after huggingface_hub's retries. :meth:`PretrainedXL.to_run` writes a
+run folder (:mod:`xl.training.run_folder`) that ``train.py init_from=…`` fine-tunes from (``python -m xl.convert`` calls
+it).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from typing import Any
 from huggingface_hub import ModelCard, PyTorchModelHubMixin, constants, hf_hub_download
 from safetensors.torch import save_model
 
-from xl.checkpoint import Checkpoint
 from xl.data.tokenizers import Tokenizer, fingerprint
 from xl.hub.access import HUB_ERRORS, HubError, check_hub, check_repo_id, hub_failure, locate
 from xl.hub.card import model_card
@@ -41,8 +41,9 @@ from xl.hub.files import (
     tokenizer_files,
     write_atomic,
 )
-from xl.model import TransformerXL, XLConfig
-from xl.run_folder import run_state, sha256, write_run_folder
+from xl.model.transformer import TransformerXL, XLConfig
+from xl.training.checkpoint import Checkpoint
+from xl.training.run_folder import run_state, sha256, write_run_folder
 
 
 def model_file(model_id: str, name: str, **hub: Any) -> Path:
@@ -57,9 +58,9 @@ def model_file(model_id: str, name: str, **hub: Any) -> Path:
 
 
 class PretrainedXL(TransformerXL, PyTorchModelHubMixin):
-    """A :class:`~xl.model.TransformerXL` with its ``tokenizer`` and ``about`` (config.json's evaluation context
-    and training record), saved, loaded and pushed through huggingface_hub's ``PyTorchModelHubMixin``; ``files``:
-    the files :meth:`from_pretrained` read it from.
+    """A :class:`~xl.model.transformer.TransformerXL` with its ``tokenizer`` and ``about`` (config.json's evaluation
+    context and training record), saved, loaded and pushed through huggingface_hub's ``PyTorchModelHubMixin``;
+    ``files``: the files :meth:`from_pretrained` read it from.
 
     >>> model = PretrainedXL.from_run("outputs/2026-01-01/12-00-00")  # doctest: +SKIP
     >>> model.save_pretrained("shared")  # doctest: +SKIP
@@ -93,7 +94,7 @@ class PretrainedXL(TransformerXL, PyTorchModelHubMixin):
     @classmethod
     def from_run(cls, path: str | os.PathLike) -> PretrainedXL:
         """A run folder's (or checkpoint's) model, with the tokenizer of the run's data."""
-        from xl.runs import TrainedRun
+        from xl.training.runs import TrainedRun
 
         run = TrainedRun.open(path)
         return cls.from_checkpoint(run.checkpoint, run.tokenizer)
@@ -174,7 +175,7 @@ class PretrainedXL(TransformerXL, PyTorchModelHubMixin):
 
     # -- back into a run folder
     def to_run(self, out: Path, origin: str) -> Path:
-        """Write the run folder OUT (checked new by :func:`xl.run_folder.check_new_folder`) that ``train.py
+        """Write the run folder OUT (checked new by :func:`xl.training.run_folder.check_new_folder`) that ``train.py
         init_from=OUT`` fine-tunes from: the model loaded from the files of a shared model, with its tokenizer file
         copied as it is (a run reading it records the fingerprint config.json gives)."""
         if not self.files:

@@ -1,8 +1,8 @@
 """The files of a shared model: what each holds, and how it is written and read (JSON and safetensors only).
 
 ``config.json`` holds ``format``/``format_version`` (a config.json of another project is refused by them), the model
-config (:meth:`xl.model.XLConfig.to_dict`), the tokenizer (its kind, settings and fingerprint) and what the saved
-model knew of its evaluation context and training. The word vocabulary is ``vocab.json`` (the format
+config (:meth:`xl.model.transformer.XLConfig.to_dict`), the tokenizer (its kind, settings and fingerprint) and what the
+saved model knew of its evaluation context and training. The word vocabulary is ``vocab.json`` (the format
 ``data.tokenizer_file`` reads); a subword vocabulary is Hugging Face's ``tokenizer.json``, renumbered so that
 ``tokenizers`` itself gives the model's ids.
 """
@@ -25,7 +25,7 @@ from xl.data.subwords import SubwordTokenizer
 from xl.data.tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, make_tokenizer
 from xl.data.words import vocabulary_json
 from xl.hub.access import HubError
-from xl.model import XLConfig
+from xl.model.transformer import XLConfig
 
 FORMAT, FORMAT_VERSION = "xl-pretrained", 1  # config.json's "format" and "format_version"
 CONFIG, WEIGHTS = "config.json", "model.safetensors"

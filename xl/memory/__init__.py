@@ -21,7 +21,7 @@ from xl.memory.store import STAGES, MemoryStore, nbytes, packed_size
 from xl.memory.tokens import TokenMemory
 
 if TYPE_CHECKING:
-    from xl.model_config import XLConfig
+    from xl.model.config import XLConfig
 
 VARIANTS: dict[str, type[Memory]] = {"cache": CacheMemory, "compressive": CompressiveMemory, "tokens": TokenMemory}
 

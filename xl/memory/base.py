@@ -13,7 +13,7 @@ Variants that add positions of their own to the segment (memory tokens that a se
 at its end) say so in :meth:`Memory.segment_inputs`, and take the outputs back out in :meth:`Memory.segment_outputs`.
 
 The rule by which states leave a memory, :func:`xl.memory.eviction.leaving` (importable from here too), is shared by
-the forward pass and the one-token decoder (:mod:`xl.decoding`), so that both keep the same memory whatever the
+the forward pass and the one-token decoder (:mod:`xl.model.decoding`), so that both keep the same memory whatever the
 segment lengths.
 """
 
@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from xl.documents import Documents, document_mask, needs_mask
 from xl.memory.eviction import leaving  # noqa: F401 (the rule every variant uses)
+from xl.model.documents import Documents, document_mask, needs_mask
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from xl.model import TransformerXL
-    from xl.model_config import XLConfig
+    from xl.model.config import XLConfig
+    from xl.model.transformer import TransformerXL
 
 KV = list[tuple[Tensor, Tensor]]
 
@@ -43,7 +43,7 @@ class Context:
 
     ``pieces[n]``: layer n's memory tensors [B, ·, d], oldest first, attended as one sequence of ``length`` keys;
     the first ``slots`` of them are compressed slots, each summarising ``rate`` positions (what a document boundary
-    hides is counted from that: :func:`xl.documents.key_offsets`).
+    hides is counted from that: :func:`xl.model.documents.key_offsets`).
     """
 
     pieces: list[list[Tensor]]
@@ -72,7 +72,8 @@ class Memory:
     attend over their state as it is and add no positions to the segment."""
 
     name = "memory"
-    #: Decoder geometry (:mod:`xl.decoding`): states that leave the window make ``rate`` to 1 slots, of which the newest
+    # : Decoder geometry (:mod:`xl.model.decoding`): states that leave the window make ``rate`` to 1 slots, of which the
+    # newest
     #: ``slot_len`` are kept before the window (0: states that leave are dropped).
     rate = 1
     slot_len = 0
@@ -153,11 +154,11 @@ class Memory:
 
     # ---- evaluation and decoding -----------------------------------------------------------------------------------
     def decoder(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> Any:
-        """The one-token decoder of a model with this memory (:meth:`xl.model.TransformerXL.decoder`): by default
-        :class:`xl.decoding.IncrementalDecoder`, which serves every memory whose state is slots before a window of
-        states (:attr:`rate`, :attr:`slot_len`, :meth:`slot_maker`); a variant that rewrites its memory otherwise
-        returns its own, with the same ``prefill`` / ``feed`` / ``reset_rows``."""
-        from xl.decoding import IncrementalDecoder  # generation only
+        """The one-token decoder of a model with this memory (:meth:`xl.model.transformer.TransformerXL.decoder`): by
+        default :class:`xl.model.decoding.IncrementalDecoder`, which serves every memory whose state is slots before a
+        window of states (:attr:`rate`, :attr:`slot_len`, :meth:`slot_maker`); a variant that rewrites its memory
+        otherwise returns its own, with the same ``prefill`` / ``feed`` / ``reset_rows``."""
+        from xl.model.decoding import IncrementalDecoder  # generation only
 
         return IncrementalDecoder(model, batch_size, window, clamp_len, same_length)
 

@@ -1,8 +1,8 @@
 """The compressive memory (Rae et al., 2019): the Transformer-XL memory, and before it the compression of what left it.
 
-Per layer, the states that leave the memory are compressed ``rate`` to 1 (:class:`xl.compressive.Compressor`) into a
-compressed memory of ``cmem_len`` slots, oldest dropped. A layer attends over ``compressed ∘ memory ∘ segment`` as over
-one longer key sequence, distances counted in slots.
+Per layer, the states that leave the memory are compressed ``rate`` to 1 (:class:`xl.memory.compressor.Compressor`) into
+a compressed memory of ``cmem_len`` slots, oldest dropped. A layer attends over ``compressed ∘ memory ∘ segment`` as
+over one longer key sequence, distances counted in slots.
 
 States leave in whole groups of ``rate`` (:func:`xl.memory.base.leaving`): those beyond ``mem_len`` are grouped oldest
 first, counted from the stream's start, and up to ``rate - 1`` of them wait in the memory, visible as ordinary
@@ -22,10 +22,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from xl.compressive import Compressor, reconstruction_loss
 from xl.memory.base import KV, Context, Memory, Update
+from xl.memory.compressor import Compressor, reconstruction_loss
 from xl.memory.eviction import leaving
-from xl.model_config import XLConfig, check_compressive
+from xl.model.config import XLConfig, check_compressive
 
 
 def split_memory(mem: Tensor, mem_len: int, cmem_len: int) -> tuple[Tensor, Tensor]:

@@ -1,5 +1,5 @@
 """The rule by which states leave a memory: one function, shared by the forward pass (:mod:`xl.memory`) and the
-one-token decoder (:mod:`xl.decoding`), so that both keep the same memory whatever the segment lengths."""
+one-token decoder (:mod:`xl.model.decoding`), so that both keep the same memory whatever the segment lengths."""
 
 from __future__ import annotations
 

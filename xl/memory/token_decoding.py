@@ -1,5 +1,5 @@
 """One-token decoding of a model with memory tokens (:mod:`xl.memory.tokens`), the decoder that
-:meth:`xl.model.TransformerXL.decoder` returns for such a model.
+:meth:`xl.model.transformer.TransformerXL.decoder` returns for such a model.
 
 The forward pass reads text in segments of ``L = tokens_seg_len`` tokens (the training segment length) with the memory
 tokens at both ends, so the decoder follows the same segments: each fed token attends over the cache as it stood at its
@@ -25,13 +25,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xl.documents import Documents, positions
 from xl.memory.eviction import leaving
-from xl.model_config import check_context
-from xl.positions import relative_embeddings
+from xl.model.config import check_context
+from xl.model.documents import Documents, positions
+from xl.model.positions import relative_embeddings
 
 if TYPE_CHECKING:
-    from xl.model import TransformerXL
+    from xl.model.transformer import TransformerXL
 
 NO_DOCUMENT_START = np.iinfo(np.int64).min // 2  # a row with no document start to hide anything before
 

@@ -40,15 +40,15 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from xl.documents import Documents
 from xl.memory.base import KV, Context, Memory, Update
 from xl.memory.cache import CacheMemory
 from xl.memory.eviction import leaving
+from xl.model.documents import Documents
 
 if TYPE_CHECKING:
     from xl.memory.token_decoding import TokenDecoder
-    from xl.model import TransformerXL
-    from xl.model_config import XLConfig
+    from xl.model.config import XLConfig
+    from xl.model.transformer import TransformerXL
 
 
 class InitialTokens(nn.Module):

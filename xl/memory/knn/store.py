@@ -93,7 +93,7 @@ def reset_rows(state: list[Tensor], rows: Tensor) -> list[Tensor]:
 
 def doc_start_of_leaving(pos: Tensor | None, held: int) -> Tensor | None:
     """For :func:`write`: where each row's current document begins among the entries leaving after a segment whose
-    inputs have the positions ``pos`` [B, L] in their documents (:class:`xl.documents.Documents`), over a local
+    inputs have the positions ``pos`` [B, L] in their documents (:class:`xl.model.documents.Documents`), over a local
     window that held ``held`` positions before the segment (the leaving entries begin with its oldest). None: the
     rows are endless texts."""
     if pos is None:

@@ -1,0 +1,135 @@
+"""The words a schema field carries beside its type: the values it allows and what it means.
+
+A schema (:mod:`xl.config.schema`) declares each setting with :func:`setting`: its default, a :class:`Bound` (the range
+or the choices a type cannot say) and one line of help. :mod:`xl.config.rules` checks every bound of a composed config,
+and ``docs/configuration.md`` is generated from the same fields (:mod:`xl.config.reference`), so the rule, its error
+sentence and its documentation are one declaration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Union, get_args, get_origin
+
+from omegaconf import OmegaConf
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What a value must be, in words that complete "KEY must be ...", and the test of it."""
+
+    says: str
+    test: Callable[[Any], bool]
+
+    def allows(self, value: Any) -> bool:
+        try:
+            return bool(self.test(value))
+        except TypeError:  # a value of a type the test cannot compare (the schema's type check comes first)
+            return False
+
+    def __or__(self, other: Bound) -> Bound:
+        return Bound(f"{self.says} or {other.says}", lambda v: self.allows(v) or other.allows(v))
+
+
+def setting(default: Any = dataclasses.MISSING, *, bound: Bound | None = None, help: str = "",
+            factory: Callable[[], Any] | None = None) -> Any:
+    """A schema field: ``default`` (or ``factory``), its ``bound`` and its ``help`` line."""
+    metadata = {"bound": bound, "help": help}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def bound_of(field: dataclasses.Field) -> Bound | None:
+    return field.metadata.get("bound")
+
+
+def help_of(field: dataclasses.Field) -> str:
+    return field.metadata.get("help", "")
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An int or a finite float (Hydra reads ``inf`` and ``nan`` as floats)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def at_least(low: int | float, words: str = "an integer") -> Bound:
+    """``value >= low``: an integer, or (other ``words``, such as "a finite number") any finite number."""
+    test = is_int if words == "an integer" else is_number
+    return Bound(f"{words} >= {low}", lambda v: test(v) and v >= low)
+
+
+def above(low: int | float, words: str = "a finite number") -> Bound:
+    return Bound(f"{words} > {low}", lambda v: is_number(v) and v > low)
+
+
+def between(low: float, high: float, words: str = "a number", high_open: bool = True) -> Bound:
+    """``low <= value < high`` (``<= high`` with ``high_open=False``)."""
+    close = ")" if high_open else "]"
+    return Bound(f"{words} in [{low}, {high}{close}".lstrip(),
+                 lambda v: is_number(v) and low <= v and (v < high if high_open else v <= high))
+
+
+def one_of(*choices: Any, words: str | None = None) -> Bound:
+    shown = ", ".join("null" if c is None else str(c) for c in choices)
+    return Bound(words or f"one of {shown}", lambda v: v in choices)
+
+
+def exactly(value: Any, words: str) -> Bound:
+    return Bound(words, lambda v: v == value and type(v) is type(value))
+
+
+NULL = Bound("null", lambda v: v is None)
+
+
+def optional(bound: Bound) -> Bound:
+    """``bound``, or null."""
+    return NULL | bound
+
+
+def choices_of(bound: Bound | None) -> Sequence[Any] | None:
+    """The choices of a :func:`one_of` bound (for the reference's table), else None."""
+    if bound is None or not bound.says.startswith("one of "):
+        return None
+    return bound.says.removeprefix("one of ").split(", ")
+
+
+# ---- a type in words -------------------------------------------------------------------------------------------
+TYPE_WORDS = {int: ("an integer", "integers"), float: ("a number", "numbers"), bool: ("true or false", "booleans"),
+              str: ("a string", "strings")}
+
+
+def describe_type(hint: Any) -> str:
+    """``bool | None`` -> "true, false or null": what a user may write for a key of this type."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin not in (Union, types.UnionType):
+        if hint in TYPE_WORDS:
+            return TYPE_WORDS[hint][0]
+        if origin is list:
+            return f"a list of {TYPE_WORDS[args[0]][1]}" if args and args[0] in TYPE_WORDS else "a list"
+        return "a mapping" if origin is dict else "a value"
+    present = [a for a in args if a is not type(None)]
+    choices = ["a number"] if set(present) == {int, float} else [
+        word for a in present for word in (["true", "false"] if a is bool else [describe_type(a)])]
+    choices += ["null"] if len(present) < len(args) else []
+    return choices[0] if len(choices) == 1 else f"{', '.join(choices[:-1])} or {choices[-1]}"
+
+
+def shown(value: Any) -> Any:
+    """A config value as the user wrote it (a list node as a list)."""
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
+def short_type(hint: Any) -> str:
+    """``int | None`` -> "int | null": the type column of the reference."""
+    text = re.sub(r"\btyping\.", "", str(hint) if not isinstance(hint, type) else hint.__name__)
+    return text.replace("NoneType", "null").replace("Any", "any").replace("Optional", "")

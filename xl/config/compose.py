@@ -1,0 +1,166 @@
+"""The one way the entry points compose a config and report a bad one.
+
+The schema of every key is :mod:`xl.config.schema`; the rules a composed config must satisfy are :mod:`xl.config.rules`;
+a config that cannot even be composed is described by :mod:`xl.config.compose_errors`. Importing ``xl`` registers the
+schemas, so composing ``conf/`` by hand (``hydra.compose``) finds them too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import hydra
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import CompactHydraException, InstantiationException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from xl.config.bounds import describe_type
+from xl.config.callback_schema import (
+    CALLBACKS,
+    LOGGERS,
+    CSVLoggerSchema,
+    JobSummarySchema,
+    LearningRateMonitorSchema,
+    ModelCheckpointSchema,
+    PreemptionSchema,
+    ProgressBarSchema,
+    TensorBoardSchema,
+    ThroughputMonitorSchema,
+    WandbSchema,
+)
+from xl.config.compose_errors import describe_error
+from xl.config.rules import ConfigError
+from xl.config.schema import (
+    OUTPUT_DIR,
+    SCHEMAS,
+    CompileSchema,
+    DataSchema,
+    EvalContextSchema,
+    EvaluateSchema,
+    FilesDataSchema,
+    GenerateSchema,
+    MemorySchema,
+    ModelSchema,
+    OptimSchema,
+    PathsSchema,
+    SourceDataSchema,
+    TrainerSchema,
+    TrainSchema,
+    register,
+)
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# Kept importable from here: the schema, its registration, and the sentence for a composition error.
+__all__ = ["CALLBACKS", "CONF_DIR", "LOGGERS", "OUTPUT_DIR", "SCHEMAS", "CSVLoggerSchema", "CompileSchema",
+           "ConfigError", "DataSchema", "EvalContextSchema", "EvaluateSchema", "FilesDataSchema", "GenerateSchema",
+           "JobSummarySchema", "LearningRateMonitorSchema", "MemorySchema", "ModelCheckpointSchema", "ModelSchema",
+           "OptimSchema", "PathsSchema", "PreemptionSchema", "ProgressBarSchema", "SourceDataSchema",
+           "TensorBoardSchema", "ThroughputMonitorSchema", "TrainSchema", "TrainerSchema", "WandbSchema",
+           "check_complete", "command_line_keys", "compose", "describe_error", "describe_type", "entry_point",
+           "exit_on_user_error", "register", "user_errors"]
+
+
+def check_complete(cfg: DictConfig) -> None:
+    """Refuse a config with an interpolation that cannot be resolved, or required keys left unset (``???``)."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "a setting"
+        raise ConfigError(f"{key} cannot be resolved ({str(err).splitlines()[0]})") from None
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        names = ", ".join(missing)
+        raise ConfigError(f"{names} {'has' if len(missing) == 1 else 'have'} no value; "
+                          f"set {' '.join(f'{k}=...' for k in missing)} on the command line")
+
+
+def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """``conf/<config_name>.yaml`` with ``overrides``, or :class:`ConfigError` in one sentence."""
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose(config_name, overrides=list(overrides))
+    except (CompactHydraException, OmegaConfBaseException) as err:
+        raise ConfigError(describe_error(err)) from None
+
+
+def command_line_keys() -> set[str] | None:
+    """The keys and groups that the running Hydra job's command line set (``data.tgt_len=64`` gives
+    ``data.tgt_len``, ``data=text`` gives ``data``); None outside a Hydra job (a config composed in Python)."""
+    if not HydraConfig.initialized():
+        return None
+    overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
+    return {o.key_or_group for o in overrides}
+
+
+# ---- entry points -----------------------------------------------------------------------------------------
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The errors a user fixes by changing a setting or a file: reported in one sentence, no traceback."""
+    from xl.data import DataError
+    from xl.training.checkpoint import CheckpointError
+
+    return ConfigError, DataError, CheckpointError
+
+
+@contextlib.contextmanager
+def exit_on_user_error() -> Iterator[None]:
+    """Turn a :func:`user_errors` exception into ``error: <sentence>`` on stderr and exit status 1."""
+    try:
+        yield
+    except user_errors() as err:
+        sys.exit(f"error: {err}")
+
+
+T = TypeVar("T")
+
+
+def entry_point(config_name: str) -> Callable[[Callable[[DictConfig], T]], Callable[[], T]]:
+    """Decorator for a command's ``main(cfg)``: Hydra composes ``conf/<config_name>.yaml`` with the command line
+    (``-m`` sweeps included), and any bad setting ends the command with ``error: <one sentence>``.
+
+    Hydra prints composition errors over several lines; with ``HYDRA_FULL_ERROR`` set it raises them instead,
+    so the command sets it while Hydra runs and reports them itself (unless the user had set it).
+    """
+
+    def decorate(task: Callable[[DictConfig], T]) -> Callable[[], T]:
+        @functools.wraps(task)
+        def job(cfg: DictConfig) -> T:
+            with exit_on_user_error():
+                check_complete(cfg)
+                try:
+                    return task(cfg)
+                except Exception as err:
+                    err.raised_by_job = True  # a failure of the command, not of composition: keep its traceback
+                    raise
+
+        hydra_main = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(job)
+
+        @functools.wraps(task)
+        def main() -> T:
+            if os.environ.get("HYDRA_FULL_ERROR"):
+                return hydra_main()
+            os.environ["HYDRA_FULL_ERROR"] = "1"
+            try:
+                return hydra_main()
+            except (CompactHydraException, OmegaConfBaseException) as err:
+                if isinstance(err, InstantiationException) or getattr(err, "raised_by_job", False):
+                    raise
+                sys.exit(f"error: {describe_error(err)}")
+            finally:
+                del os.environ["HYDRA_FULL_ERROR"]
+
+        return main
+
+    return decorate
+

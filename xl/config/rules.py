@@ -1,0 +1,367 @@
+"""Every rule a config must satisfy, in one place, each broken rule one sentence naming the setting to change.
+
+:func:`check_config` checks a composed config once, before any work: the bounds the schemas declare beside each field
+(:mod:`xl.config.schema`, :mod:`xl.config.bounds`), keys added with ``+``, the rules between settings (the model's
+shape, the memory's variants, the compression rate, windows of ``grad_segments``) and those of the trainer, its
+callbacks and loggers (:mod:`xl.config.trainer_rules`: ``_target_`` arguments, the strategy, the monitored metric).
+:func:`check_device` and :func:`check_fits` add what the machine allows. The model's own checks (:func:`check_model`,
+:func:`check_context`, :func:`check_compressive`) serve :class:`xl.model.config.XLConfig` and the evaluation overrides
+of a checkpoint as well, so a Python user gets the same sentences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable, Mapping
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from xl.config.bounds import bound_of, is_int, shown
+from xl.config.trainer_rules import check_trainer
+from xl.training.headroom import NAMES, SETTINGS, GiB, verdict
+
+if TYPE_CHECKING:
+    from xl.training.footprint import RunFootprint
+
+log = logging.getLogger(__name__)
+
+MEM_DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the memory cache's storage precisions (XLConfig.mem_dtype)
+DOC_BOUNDARIES = ("reset", "ignore")
+# Where each XLConfig field is set in a composed config (the rest are model.X; vocab_size comes from the data).
+GROUP_OF_FIELD = {"mem_len": "memory", "clamp_len": "memory", "same_length": "memory", "mem_dtype": "memory",
+                  "cmem_len": "memory", "cmem_rate": "memory", "cmem_fn": "memory", "vocab_size": "data",
+                  "num_tokens": "memory"}
+
+
+class ConfigError(ValueError):
+    """A setting the user can fix; the message names it."""
+
+
+def xlconfig_key(name: str) -> str:
+    return f"XLConfig.{name}"
+
+
+def config_key(name: str) -> str:
+    return f"{GROUP_OF_FIELD.get(name, 'model')}.{name}"
+
+
+# ---- the model ----------------------------------------------------------------------------------------------------
+def check_model(c: Any, key: Callable[[str], str] = xlconfig_key, fitted: bool = False) -> None:
+    """The model's fields (an :class:`XLConfig`, or anything with its attributes); ``key`` names a field in errors;
+    ``fitted``: the cutoffs are fitted to the data later, and the rules that count clusters wait for them."""
+    for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner"):
+        value = getattr(c, name)
+        if not is_int(value) or value < 1:
+            raise ValueError(f"{key(name)} must be a positive integer, got {value!r}")
+    if c.d_model % 2:
+        raise ValueError(f"{key('d_model')} must be even for sinusoidal positions, got {c.d_model}")
+    for name in ("dropout", "dropatt"):
+        value = getattr(c, name)
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"{key(name)} must be in [0, 1), got {value!r}")
+    check_context(c.mem_len, c.clamp_len, c.same_length)
+    cutoffs = list(c.cutoffs)
+    if any(not is_int(x) for x in cutoffs) or cutoffs != sorted(set(cutoffs)) or (
+            cutoffs and not 0 < cutoffs[0] <= cutoffs[-1] < c.vocab_size):
+        raise ValueError(f"{key('cutoffs')} must be strictly increasing integers between 0 and vocab_size "
+                         f"({c.vocab_size}), exclusive, got {cutoffs}")
+    if not is_int(c.div_val) or c.div_val < 1:
+        raise ValueError(f"{key('div_val')} must be a positive integer, got {c.div_val!r}")
+    check_adaptive(c, None if fitted else cutoffs, key)
+    if c.mem_dtype not in MEM_DTYPE_NAMES:
+        raise ValueError(f"{key('mem_dtype')} must be one of {sorted(MEM_DTYPE_NAMES)}, got {c.mem_dtype!r}")
+    check_compressive(c.cmem_len, c.cmem_rate, c.cmem_fn, c.same_length, key)
+    check_tokens(c.num_tokens, c.tokens_seg_len, c.cmem_len, c.same_length, key)
+
+
+def check_adaptive(c: Any, cutoffs: list[int] | None, key: Callable[[str], str] = xlconfig_key) -> None:
+    """The adaptive input/softmax's widths, projections and tying (:mod:`xl.model.adaptive`); ``cutoffs`` None: not
+    known yet (fitted to the data later)."""
+    d_embed = c.d_model if c.d_embed is None else c.d_embed
+    if not is_int(d_embed) or d_embed < 1:
+        raise ValueError(f"{key('d_embed')} must be null (d_model) or a positive integer, got {c.d_embed!r}")
+    tie = c.tie_projs
+    if not isinstance(tie, bool) and (not isinstance(tie, (list, tuple)) or not all(isinstance(t, bool) for t in tie)
+                                      or (cutoffs is not None and len(tie) != len(cutoffs) + 1)):
+        clusters = "one per cluster" if cutoffs is None else f"{len(cutoffs) + 1}, one per cluster"
+        raise ValueError(f"{key('tie_projs')} must be true, false or a list of them ({clusters}), got {tie!r}")
+    if cutoffs is None:
+        return
+    if not cutoffs and (d_embed != c.d_model or c.proj_all):
+        what = f"{key('d_embed')}={d_embed}" if d_embed != c.d_model else f"{key('proj_all')}=true"
+        raise ValueError(f"{what} needs an adaptive input and softmax; set {key('cutoffs')} or leave it out")
+    if d_embed // c.div_val ** len(cutoffs) < 1:
+        raise ValueError(f"{key('div_val')}={c.div_val} leaves the last of {len(cutoffs) + 1} clusters with width 0 "
+                         f"({'d_model' if c.d_embed is None else 'd_embed'} {d_embed}); lower div_val or use fewer "
+                         "cutoffs")
+
+
+def check_context(mem_len: int, clamp_len: int, same_length: bool) -> None:
+    """The memory/attention context (also of an evaluation that overrides the checkpoint's)."""
+    if not isinstance(mem_len, int) or mem_len < 0:
+        raise ValueError(f"mem_len must be an integer >= 0, got {mem_len!r}")
+    if not isinstance(clamp_len, int) or clamp_len < -1 or clamp_len == 0:
+        raise ValueError(f"clamp_len must be -1 (off) or a positive integer, got {clamp_len!r}")
+    if same_length and mem_len == 0:
+        raise ValueError("same_length=True needs mem_len > 0: the attention window is mem_len keys wide")
+
+
+def check_compressive(cmem_len: int, cmem_rate: int, cmem_fn: str, same_length: bool,
+                      key: Callable[[str], str] = xlconfig_key) -> None:
+    """The compressed memory's settings (also against an evaluation's same_length)."""
+    if not is_int(cmem_len) or cmem_len < 0:
+        raise ValueError(f"{key('cmem_len')} must be an integer >= 0, got {cmem_len!r}")
+    if not is_int(cmem_rate) or cmem_rate < 1:
+        raise ValueError(f"{key('cmem_rate')} must be an integer >= 1, got {cmem_rate!r}")
+    from xl.memory.compressor import COMPRESSION_FNS  # the memory package imports the model, which imports this
+
+    if cmem_fn not in COMPRESSION_FNS:
+        raise ValueError(f"{key('cmem_fn')} must be one of {', '.join(COMPRESSION_FNS)}, got {cmem_fn!r}")
+    if cmem_len and same_length:
+        raise ValueError("same_length=True hides the compressed memory (its window is mem_len keys wide); "
+                         f"set same_length=false with {key('cmem_len')} > 0")
+
+
+def check_tokens(num_tokens: int, tokens_seg_len: int, cmem_len: int, same_length: bool,
+                 key: Callable[[str], str] = xlconfig_key) -> None:
+    """Memory tokens (:mod:`xl.memory.tokens`): a count, the segment length they are written at, on the plain cache."""
+    if not is_int(num_tokens) or num_tokens < 0:
+        raise ValueError(f"{key('num_tokens')} must be an integer >= 0, got {num_tokens!r}")
+    if not num_tokens:
+        return
+    if not is_int(tokens_seg_len) or tokens_seg_len < 1:
+        raise ValueError(f"{key('tokens_seg_len')} (the training segment length, between two writes of the memory "
+                         f"tokens) must be a positive integer with {key('num_tokens')} > 0, got {tokens_seg_len!r}")
+    if cmem_len:
+        raise ValueError(f"memory tokens ride on the plain Transformer-XL cache, not on a compressed memory; set "
+                         f"{key('cmem_len')}=0 or {key('num_tokens')}=0")
+    if same_length:
+        raise ValueError("same_length counts a window of keys that the memory tokens would break up; set "
+                         f"same_length=false with {key('num_tokens')} > 0")
+
+
+def check_grad_segments(grad_segments: Any, mem_len: int, cmem_len: int = 0, num_tokens: int = 0) -> None:
+    """Windows of k segments: a positive integer, a memory to carry the gradient (the cache or memory tokens), and
+    no compressed memory."""
+    if not is_int(grad_segments) or grad_segments < 1:
+        raise ValueError(f"memory.grad_segments must be a positive integer (1: stop the gradient at every segment, "
+                         f"as Transformer-XL does), got {grad_segments!r}")
+    if grad_segments > 1 and mem_len == 0 and not num_tokens:
+        raise ValueError(f"memory.grad_segments={grad_segments} needs memory.mem_len > 0 or memory.num_tokens > 0: "
+                         "without a memory no gradient crosses segments")
+    if grad_segments > 1 and cmem_len:
+        raise ValueError("the compressed memory is always detached, so gradients cannot cross segments "
+                         "through it; set memory.grad_segments=1 with memory.cmem_len > 0")
+
+
+def check_optim(lr: float, warmup_steps: int, min_lr_ratio: float) -> None:
+    """What the optimizer's schedule needs (xl.training.optim.OptimConfig)."""
+    if not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"optim.lr must be a finite number > 0, got {lr}")
+    if warmup_steps < 0:
+        raise ValueError(f"optim.warmup_steps must be >= 0, got {warmup_steps}")
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+
+
+# ---- a composed config ----------------------------------------------------------------------------------------
+def schema_bounds(node: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(full key, value, bound) of every leaf under ``node`` whose schema field declares a bound."""
+    found = []
+    if not OmegaConf.is_dict(node):
+        return found
+    schema = OmegaConf.get_type(node)
+    declared = {f.name: bound_of(f) for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
+    for name, child in node.items_ex(resolve=False):  # a leaf is read (resolved) only if it has a bound
+        if OmegaConf.is_dict(child):
+            found += schema_bounds(child, f"{prefix}{name}.")
+        elif declared.get(name) is not None:
+            found.append((f"{prefix}{name}", node[name], declared[name]))
+    return found
+
+
+def check_bounds(cfg: DictConfig) -> None:
+    """Every bound the schemas declare, for each key the config has (a removed callback or logger is skipped)."""
+    for key, value, bound in schema_bounds(cfg):
+        if not bound.allows(value):
+            raise ConfigError(f"{key} must be {bound.says}, got {shown(value)!r}")
+
+
+def check_added_keys(cfg: DictConfig) -> None:
+    """Keys added with ``+`` to a group that takes only its schema's (model, memory, optim)."""
+    for group in ("model", "memory", "optim"):
+        node = cfg[group]
+        known = [f.name for f in dataclasses.fields(OmegaConf.get_type(node))]
+        for name in node:
+            if name not in known:
+                raise ConfigError(f"{group}.{name} is not a setting; {group} has {', '.join(known)}")
+
+
+def check_memory(memory: DictConfig) -> None:
+    """same_length needs a memory: the attention window is mem_len keys wide (in training and in evaluation); it
+    would hide a compressed memory."""
+    if memory.same_length and memory.mem_len == 0:
+        raise ConfigError("memory.same_length=True needs mem_len > 0 (the window is memory.mem_len keys wide); "
+                          "set memory.mem_len or memory.same_length=false")
+    eval_mem_len = memory.mem_len if memory.eval_mem_len is None else memory.eval_mem_len
+    eval_same = memory.same_length if memory.eval_same_length is None else memory.eval_same_length
+    if eval_same and eval_mem_len == 0:
+        raise ConfigError("same_length in evaluation needs an evaluation memory, but memory.eval_mem_len is 0; "
+                          "set memory.eval_mem_len > 0 or memory.eval_same_length=false")
+    if memory.cmem_len and eval_same:
+        raise ConfigError("same_length (in training or evaluation) would hide the compressed memory; "
+                          "set memory.same_length=false and memory.eval_same_length=false with memory.cmem_len > 0")
+    if memory.num_tokens and (memory.same_length or eval_same):
+        raise ConfigError("same_length (in training or evaluation) counts a window of keys that the memory tokens "
+                          "would break up; set memory.same_length=false and memory.eval_same_length=false with "
+                          "memory.num_tokens > 0")
+
+
+def check_compression_rate(cfg: DictConfig) -> None:
+    """Once the memory is full each segment evicts its length in states, and the memory's own length decides where
+    the groups fall: a rate that divides the segment and the memory compresses whole groups (a partial group would be
+    padded, :mod:`xl.memory.compressor`)."""
+    memory = cfg.memory
+    if not memory.cmem_len:
+        return
+    rate = memory.cmem_rate
+    for key in ("data.tgt_len", "data.eval_tgt_len", "memory.mem_len", "memory.eval_mem_len"):
+        length = OmegaConf.select(cfg, key)
+        if length is not None and length % rate:
+            what = "each segment evicts that many states" if key.startswith("data.") else \
+                "the memory holds that many states"
+            raise ConfigError(f"memory.cmem_rate={rate} must divide {key}={length} ({what}, compressed in groups "
+                              f"of cmem_rate); change either")
+
+
+def model_values(cfg: DictConfig, vocab_size: int, fitted_cutoffs: list[int] | None = None) -> dict[str, Any]:
+    """XLConfig's fields from a composed config: the model group's shape, the memory group's context, the data's
+    vocabulary; ``model.cutoffs=null`` takes ``fitted_cutoffs`` (the data's, ``SegmentDataModule.default_cutoffs``)."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    if model.get("cutoffs") is None:
+        model["cutoffs"] = fitted_cutoffs or []
+    memory = cfg.memory
+    return {**model, "vocab_size": vocab_size, "mem_len": memory.mem_len, "clamp_len": memory.clamp_len,
+            "same_length": memory.same_length, "mem_dtype": memory.mem_dtype, "cmem_len": memory.cmem_len,
+            "cmem_rate": memory.cmem_rate, "cmem_fn": memory.cmem_fn, "num_tokens": memory.num_tokens,
+            "tokens_seg_len": cfg.data.tgt_len if memory.num_tokens else 0}
+
+
+def check_model_settings(values: Mapping[str, Any], fitted: bool = False) -> None:
+    """:func:`check_model` on a composed config's values, naming the keys as the user writes them; ``fitted``: the
+    cutoffs are the data's, not known yet."""
+    try:
+        check_model(SimpleNamespace(**values), key=config_key, fitted=fitted)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(str(err)) from None
+
+
+def check_config(cfg: DictConfig, vocabulary: Callable[[], int]) -> None:
+    """Every rule of a training config that needs neither the corpus nor the device, one sentence for the first
+    broken; ``vocabulary()``: the smallest vocabulary the data can give (the cutoffs are checked against it), asked
+    once the data's own settings have passed."""
+    check_added_keys(cfg)
+    check_bounds(cfg)
+    memory = cfg.memory
+    check_memory(memory)
+    check_compression_rate(cfg)
+    check_model_settings(model_values(cfg, vocabulary()), fitted=cfg.model.get("cutoffs") is None)
+    try:
+        check_grad_segments(memory.grad_segments, memory.mem_len, memory.cmem_len, memory.num_tokens)
+        check_optim(cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
+        check_trainer(cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def check_evaluate_config(cfg: DictConfig, model: Mapping[str, Any] | None = None, attn_len: int | None = None
+                          ) -> None:
+    """``python -m xl.evaluate``'s settings: the schema's bounds and the rule between them before the checkpoint is
+    read; with its ``model`` config (and the vanilla window ``attn_len`` it gives), the rules that need it."""
+    check_bounds(cfg)
+    if cfg.per_document and cfg.vanilla:
+        raise ConfigError("per_document=true reports the cached evaluation; set vanilla=false")
+    if model is not None and cfg.vanilla and model.get("num_tokens"):
+        raise ConfigError("vanilla=true reads each window afresh, but this model's memory tokens are written segment "
+                          "by segment (memory.num_tokens > 0); set vanilla=false")
+    if attn_len is not None and attn_len < 1:
+        raise ConfigError(f"attn_len must be >= 1 for vanilla=true, got {attn_len}")
+
+
+def check_generate_config(cfg: DictConfig) -> None:
+    """``python -m xl.generate``'s settings: the schema's bounds, and the rules between them (whether the warm-up
+    file exists is checked when it is read)."""
+    check_bounds(cfg)
+    if cfg.warmup and cfg.get("warmup_text"):
+        raise ConfigError("warmup (a file) and warmup_text (a text) both set; keep one")
+    if not (cfg.prompt or cfg.warmup or cfg.get("warmup_text")):
+        raise ConfigError("give a prompt ('prompt=\"...\"'), a warm-up file (warmup=PATH) or a warm-up text "
+                          "('warmup_text=\"...\"')")
+
+
+# ---- the machine --------------------------------------------------------------------------------------------------
+def uses_cuda(cfg: DictConfig) -> bool:
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def check_device(cfg: DictConfig) -> bool:
+    """Resolve ``precision=auto``; refuse precisions and device counts this machine cannot honour.
+
+    Returns whether the run uses CUDA GPUs.
+    """
+    t = cfg.trainer
+    accelerator = str(t.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.accelerator={accelerator} but no CUDA GPU is visible; use trainer=cpu")
+    on_cpu = not uses_cuda(cfg)
+    if str(t.get("precision")) == "auto":
+        # GPUs: bf16 autocast where the GPU has bf16 (Ampere on), else fp16 with loss scaling. CPUs: fp32,
+        # the fast choice there (bf16 matmuls are far slower without AMX/AVX-512).
+        choice = "32-true" if on_cpu else "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+        with open_dict(cfg):
+            t.precision = choice
+        log.info("precision=auto: using %s", choice)
+    precision = str(t.get("precision", "32-true"))
+    if on_cpu and precision in ("16-mixed", "16-true", "16"):
+        raise ConfigError(
+            f"precision={precision} needs a CUDA GPU (on CPU Lightning would silently switch to bf16); "
+            "use precision=32-true on CPU"
+        )
+    devices = t.get("devices", 1)
+    if not on_cpu and isinstance(devices, int) and devices > torch.cuda.device_count():
+        raise ConfigError(
+            f"trainer.devices={devices} but only {torch.cuda.device_count()} GPU(s) are visible; lower trainer.devices"
+        )
+    return not on_cpu
+
+
+def check_fits(footprint: RunFootprint, processes: int, available: int, where: str, warn: bool = True,
+               lower: Callable[[], str | None] = lambda: None) -> None:
+    """Refuse a run whose estimate (xl.training.footprint's, for ``processes`` sharing the device) exceeds the device's
+    free memory, naming the setting to lower (``lower()``: :func:`xl.training.headroom.setting_to_lower`, asked only
+    then; else the settings of the largest part); warn when it is close."""
+    judged = verdict(footprint, available, processes)
+    if judged == "fits":
+        return
+    part = footprint.largest()
+    shared = f" over {processes} processes" if processes > 1 else ""
+    detail = (f"about {footprint.total * processes / GiB:,.1f} GiB ({NAMES[part]}: "
+              f"{footprint.parts()[part] * processes / GiB:,.1f} GiB{shared}) against {available / GiB:,.1f} GiB "
+              f"of {where}")
+    if judged == "too big":
+        raise ConfigError(f"this run needs {detail}; lower {lower() or SETTINGS[part]}")
+    if warn:
+        log.warning("this run needs %s, close to the limit (python -m xl.footprint --run ... itemises it)", detail)
+
+
+def processes_per_device(cfg: DictConfig) -> int:
+    """How many processes share one device's memory: on CPU, every process of the machine; on GPUs, one."""
+    devices = cfg.trainer.devices
+    return 1 if uses_cuda(cfg) else devices if is_int(devices) and devices > 0 else 1
+

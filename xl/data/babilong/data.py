@@ -1,0 +1,127 @@
+"""``data=babilong``: BABILong-style samples as the documents of a training corpus.
+
+``python train.py data=babilong data.tasks=[qa1,qa2] data.length=2k`` trains on samples of the tasks in turn (qa1,
+qa2, qa1, ...), each one document: with ``memory.doc_boundaries=reset`` (the default) the memory starts empty at
+every sample, as BABILong reads each one. ``data.loss=answer`` (the default) scores only the answer's tokens (the
+targets of every other position are the loss's ignore index, so the metrics, and ``results.json``'s ``scored``,
+count the answers alone); ``all`` scores every token, context included.
+
+Lengths count the model's own tokens, so the samples depend on the tokenizer: byte, char and word tokens are
+counted as the tokenizer will give them before it has seen any text; a subword vocabulary must be read from
+``data.tokenizer_file`` (one fitted on the samples would not exist before their lengths are known).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from xl.data.babilong.background import MAX_UNIT_TOKENS, Sentences
+from xl.data.babilong.lengths import parse_length
+from xl.data.babilong.samples import Sample, samples
+from xl.data.babilong.tasks import TASKS
+from xl.data.datamodule import SegmentDataModule
+from xl.data.errors import DataError
+from xl.data.sources import Piece, Source
+from xl.data.tokenizers import SubwordTokenizer, Tokenizer, make_tokenizer
+
+LOSSES = ("answer", "all")
+VERSION = 1  # of the samples' layout and generator: a change gets new token caches
+
+
+def token_counter(tokenizer: Tokenizer) -> Callable[[str], int]:
+    """How many tokens ``tokenizer`` gives a text inside a longer one: counted before a line end, so that a piece
+    that ends inside a line does not count the end-of-line symbol the word tokenizer closes a text with. Byte, char
+    and word tokenizers count before they are fitted; a subword one must be fitted or read from a file."""
+    line_end = len(tokenizer.encode("\n"))
+    return lambda text: len(tokenizer.encode(text + "\n")) - line_end
+
+
+def check_tasks(tasks: Sequence[str], setting: str = "data.tasks") -> list[str]:
+    tasks = [tasks] if isinstance(tasks, str) else [str(t) for t in tasks]
+    unknown = [t for t in tasks if t not in TASKS]
+    if not tasks or unknown:
+        raise DataError(f"{setting} must be a list of {', '.join(TASKS)}, got {tasks!r}")
+    return tasks
+
+
+class BabilongSource:
+    """The samples of ``tasks`` at ``length`` tokens (counted by ``count``), ``sizes[split]`` per split, as a data
+    source: each sample one document, its answer a piece of its own marked as the answer (``(False, text, True)``)."""
+
+    def __init__(self, background: Source, tasks: Sequence[str], length: int, sizes: dict[str, int], seed: int,
+                 count: Callable[[str], int], tokenizer_key: str) -> None:
+        self.background, self.tasks, self.length = background, list(tasks), length
+        self.sizes, self.seed, self.count, self.tokenizer_key = sizes, seed, count, tokenizer_key
+
+    def identity(self) -> str:
+        spec = json.dumps([VERSION, self.tasks, self.length, self.sizes, self.seed, self.background.identity(),
+                           self.tokenizer_key, MAX_UNIT_TOKENS])
+        return "babilong-" + hashlib.sha256(spec.encode()).hexdigest()[:16]
+
+    def setting(self, split: str) -> str:
+        return (f"data=babilong ({split} split: {self.sizes[split]} samples of {'+'.join(self.tasks)} at "
+                f"{self.length} tokens, background {self.background.setting(split)})")
+
+    def samples(self, split: str) -> Iterator[Sample]:
+        """The split's samples, the tasks in turn, the background read once in order across them."""
+        background = Sentences(self.background, split, self.count)
+        streams = [samples(task, self.length, split, self.seed, background, self.count) for task in self.tasks]
+        for i in range(self.sizes[split]):
+            yield next(streams[i % len(streams)])
+
+    def texts(self, split: str) -> Iterator[str]:
+        return (s.prompt + s.answer for s in self.samples(split))
+
+    def documents(self, split: str) -> Iterator[Piece]:
+        for sample in self.samples(split):
+            yield True, sample.prompt
+            yield False, sample.answer, True
+
+
+class BabilongDataModule(SegmentDataModule):
+    """The data group ``data=babilong``: :class:`BabilongSource` over ``background``, read as any corpus is
+    (``xl.data.SegmentDataModule``'s settings), with the answer-only loss of ``loss=answer``."""
+
+    def __init__(self, background: Source, tasks: Sequence[str] = ("qa1",), length: int | str = "1k",
+                 train_samples: int = 2000, eval_samples: int = 200, seed: int = 0, loss: str = "answer",
+                 **kwargs: Any) -> None:
+        tasks = check_tasks(tasks)
+        try:
+            tokens = parse_length(length)
+        except ValueError as err:
+            raise DataError(f"data.length: {err}") from None
+        for key, value in (("train_samples", train_samples), ("eval_samples", eval_samples)):
+            if not isinstance(value, int) or value < 1:
+                raise DataError(f"data.{key} must be a whole number >= 1, got {value!r}")
+        if loss not in LOSSES:
+            raise DataError(f"data.loss must be answer (the answer's tokens only) or all (every token), got {loss!r}")
+        if kwargs.get("doc_sep") is not None:
+            raise DataError("data.doc_sep does not apply to data=babilong, whose samples are its documents; "
+                            "set data.doc_sep=null")
+        tokenizer = make_tokenizer(kwargs.get("tokenizer", "byte"), kwargs.get("tokenizer_file"),
+                                   **dict(kwargs.get("tokenizer_kwargs") or {}))
+        if isinstance(tokenizer, SubwordTokenizer) and "file_sha256" not in tokenizer.settings:
+            raise DataError(f"data=babilong counts lengths in the model's tokens, which a {tokenizer.name} "
+                            "vocabulary fitted on the samples cannot give before they exist; set data.tokenizer_file "
+                            "to a tokenizer.json, or data.tokenizer=byte, char or word")
+        sizes = {"train": train_samples, "val": eval_samples, "test": eval_samples}
+        source = BabilongSource(background, tasks, tokens, sizes, seed, token_counter(tokenizer), tokenizer.key())
+        super().__init__(source, **kwargs)
+        self.loss = loss
+
+    @property
+    def scored(self) -> str:
+        return "answer tokens only" if self.loss == "answer" else "every token"
+
+    def scored_spans(self, split: str) -> np.ndarray | None:
+        if self.loss == "all":
+            return None
+        spans = self.cache.answers.get(split)
+        if spans is None:
+            raise DataError(f"the token cache {self.cache.folder} has no answer positions; delete that folder")
+        return spans

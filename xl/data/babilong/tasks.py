@@ -1,0 +1,165 @@
+"""bAbI tasks qa1–qa5 (Weston et al., 2015), written from the rules of its generator (facebookarchive/bAbI-tasks).
+
+Each task writes one story at a time and stops at one question; as BABILong does with the released data, a story
+that asks several questions gives one sample per question, with the facts before it (here: the story is cut at its
+k-th question, k drawn from 1 to 5, since bAbI's stories ask five).
+
+- qa1, single supporting fact: two moves between questions; "Where is Mary?" (her last move).
+- qa2, two supporting facts: moves, objects picked up and dropped; after at least three facts since the last question,
+  one time in two, "Where is the football?" about an object whose location two facts fix (who picked it up and where
+  they went, or where its holder was and that they dropped it there).
+- qa3, three supporting facts: the same story; "Where was the football before the kitchen?" about an object whose
+  last two locations at most three facts fix, asked only when the facts show the object in its present location
+  once, so that "before" has one meaning.
+- qa4, two-argument relations: three locations in a row from north to south (or west to east), two facts that relate
+  each neighbour to the middle one, each stated either way round; "What is north of the kitchen?" or "What is the
+  kitchen north of?" about the middle one.
+- qa5, three-argument relations: moves, objects picked up and given; after a give, zero to five unrelated facts (none
+  about the given object, no other give between the same two actors), then "Who gave the football to Fred?", "Who did
+  Jeff give the football to?", "What did Jeff give to Fred?", "Who received the football?" or "Who gave the football?".
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from xl.data.babilong.world import ACTORS, GIVERS, LOCATIONS, OBJECTS, OPPOSITE, Action, Known, World
+
+TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
+# The answers each task can have (BABILong's TASK_LABELS for qa1-qa5, babilong/metrics.py).
+LABELS = {"qa1": LOCATIONS, "qa2": LOCATIONS, "qa3": LOCATIONS, "qa4": LOCATIONS, "qa5": (*GIVERS, *OBJECTS)}
+QUESTIONS_PER_STORY = 5
+MAX_FACTS = 300  # a story of qa2 or qa3 that has not reached its question by then is begun again
+OBJECT_ACTIONS = (("get", "drop"), ("move",))  # qa2, qa3: get or drop, or a move, each group one time in two
+GIVER_ACTIONS = (("get",), ("give",), ("move",))  # qa5
+
+
+@dataclass(frozen=True)
+class Story:
+    """Facts, one question and its answer; ``supporting``: the indices of the facts the answer follows from."""
+
+    task: str
+    facts: tuple[str, ...]
+    question: str
+    answer: str
+    supporting: tuple[int, ...]
+
+    def key(self) -> str:
+        """The story as text (task, facts, question): what must never be in two splits."""
+        return "\n".join((self.task, *self.facts, self.question))
+
+
+def answered(task: str, world: World, question: str, known: Known) -> Story:
+    return Story(task, tuple(world.facts), question, known.value, tuple(sorted(known.support)))
+
+
+def qa1(rng: random.Random) -> Story:
+    world = World(rng, ACTORS)
+    for _ in range(2 * rng.randint(1, QUESTIONS_PER_STORY)):
+        world.perform(world.propose("move"))
+    actor = rng.choice(sorted(world.actor_at))
+    return answered("qa1", world, f"Where is {actor}?", world.actor_at[actor])
+
+
+def _object_story(rng: random.Random, ask: Callable[[World], Story | None]) -> Story:
+    """qa2 and qa3: gets, drops and moves; a question after three facts or more, one time in two, if ``ask`` finds
+    one; the k-th question ends the story."""
+    world = World(rng, ACTORS)
+    last = rng.randint(1, QUESTIONS_PER_STORY)
+    asked = since = 0
+    while True:
+        if len(world.facts) == MAX_FACTS:
+            world, asked, since = World(rng, ACTORS), 0, 0
+        world.perform(world.propose_any(OBJECT_ACTIONS))
+        since += 1
+        if since > 2 and rng.random() < 0.5:
+            story = ask(world)
+            if story is not None:
+                asked, since = asked + 1, 0
+                if asked == last:
+                    return story
+
+
+def qa2(rng: random.Random) -> Story:
+    def ask(world: World) -> Story | None:
+        known = [o for o in sorted(world.object_at) if len(world.object_at[o].support) <= 2]
+        if not known:
+            return None
+        o = world.rng.choice(known)
+        return answered("qa2", world, f"Where is the {o}?", world.object_at[o])
+
+    return _object_story(rng, ask)
+
+
+def qa3(rng: random.Random) -> Story:
+    def ask(world: World) -> Story | None:
+        options = {o: Known(h[-2].value, h[-2].support | h[-1].support) for o in OBJECTS
+                   if len(h := world.history[o]) > 1 and [k.value for k in h].count(h[-1].value) == 1}
+        options = {o: known for o, known in options.items() if len(known.support) <= 3}
+        if not options:
+            return None
+        o = world.rng.choice(sorted(options))
+        return answered("qa3", world, f"Where was the {o} before the {world.history[o][-1].value}?", options[o])
+
+    return _object_story(rng, ask)
+
+
+def qa4(rng: random.Random) -> Story:
+    first, middle, last = rng.sample(LOCATIONS, 3)  # first is `way` of middle, middle is `way` of last
+    way = rng.choice(("north", "west"))
+    facts = []
+    for a, b in ((first, middle), (middle, last)):  # each relation stated either way round
+        facts.append(f"The {a} is {way} of the {b}." if rng.random() < 0.5 else
+                     f"The {b} is {OPPOSITE[way]} of the {a}.")
+    order = [0, 1] if rng.random() < 0.5 else [1, 0]
+    asked = rng.choice((way, OPPOSITE[way]))
+    if rng.random() < 0.5:  # what lies `asked` of the middle one
+        question, answer = f"What is {asked} of the {middle}?", first if asked == way else last
+    else:  # what the middle one lies `asked` of
+        question, answer = f"What is the {middle} {asked} of?", last if asked == way else first
+    fact = 0 if answer == first else 1
+    return Story("qa4", tuple(facts[k] for k in order), question, answer, (order.index(fact),))
+
+
+def qa5(rng: random.Random) -> Story:
+    world = World(rng, GIVERS)
+    last = rng.randint(1, QUESTIONS_PER_STORY)
+    asked = since = 0
+    while True:
+        action = world.propose_any(GIVER_ACTIONS)
+        fact = world.perform(action)
+        since += 1
+        if since < 2 or action.kind != "give":
+            continue
+        for _ in range(rng.randint(0, 5)):
+            world.perform(_unrelated(world, action))
+        asked, since = asked + 1, 0
+        if asked == last:
+            return _who_gave(world, action, fact)
+
+
+def _unrelated(world: World, given: Action) -> Action:
+    """An action not about the given object and not another give between the same two actors."""
+    while True:
+        action = world.propose_any(GIVER_ACTIONS)
+        same_pair = action.kind == "give" and (action.actor, action.receiver) == (given.actor, given.receiver)
+        if action.target != given.target and not same_pair:
+            return action
+
+
+def _who_gave(world: World, give: Action, fact: int) -> Story:
+    a, o, b = give.actor, give.target, give.receiver
+    question, answer = world.rng.choice((
+        (f"Who gave the {o} to {b}?", a),
+        (f"Who did {a} give the {o} to?", b),
+        (f"What did {a} give to {b}?", o),
+        (f"Who received the {o}?", b),
+        (f"Who gave the {o}?", a),
+    ))
+    return answered("qa5", world, question, Known(answer, frozenset({fact})))
+
+
+GENERATORS: dict[str, Callable[[random.Random], Story]] = {"qa1": qa1, "qa2": qa2, "qa3": qa3, "qa4": qa4,
+                                                          "qa5": qa5}

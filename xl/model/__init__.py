@@ -1,0 +1,3 @@
+"""The network: Transformer-XL over one segment and its memory, in plain PyTorch (:mod:`xl.model.transformer`:
+``TransformerXL``), with its settings (:mod:`xl.model.config`: ``XLConfig``) and one-token decoding
+(:mod:`xl.model.decoding`)."""

@@ -1,0 +1,82 @@
+"""The model's settings (:class:`XLConfig`), checked by :mod:`xl.config.rules` when made; imports nothing from
+:mod:`xl.model.transformer`, so config code can use them without loading the model."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+
+from xl.config.rules import MEM_DTYPE_NAMES, check_compressive, check_context, check_model
+
+MEM_DTYPES = {name: getattr(torch, name) for name in MEM_DTYPE_NAMES}
+__all__ = ["MEM_DTYPES", "XLConfig", "check_compressive", "check_context"]
+
+
+@dataclass
+class XLConfig:
+    """Model shape and the memory/attention context used when no override is given."""
+
+    vocab_size: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 256
+    d_head: int = 64
+    d_inner: int = 1024
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    mem_len: int = 128
+    clamp_len: int = -1  # -1: no clamping; else distances beyond clamp_len share one embedding
+    same_length: bool = False  # every query attends over exactly mem_len keys (itself included)
+    pre_lnorm: bool = False
+    tie_weights: bool = True  # output word vectors = input embedding
+    # Adaptive input and softmax (word-level vocabularies, xl.model.adaptive): cluster boundaries in the
+    # frequency-sorted vocabulary; () is one plain softmax. Cluster i is d_embed // div_val**i wide (d_embed None:
+    # d_model), projected to d_model where its width differs, or always with proj_all (the original Transformer-XL's
+    # layout).
+    cutoffs: tuple[int, ...] = ()
+    div_val: int = 1
+    # With tie_weights, which projections the softmax shares with the embedding: all or none (a bool), or one flag
+    # per cluster (the published Transformer-XL models: the first cluster's untied, the others tied).
+    tie_projs: bool | tuple[bool, ...] = True
+    d_embed: int | None = None
+    proj_all: bool = False
+    # Storage precision of the memory cache. "float32" never rounds: the cache keeps the layer states' own
+    # dtype, float32 under 32-true and the mixed precisions (a rounded cache feeds rounding error into every
+    # later segment). "bfloat16"/"float16" round the cached states, halving the cache. (bf16-true computes bf16
+    # states.)
+    mem_dtype: str = "float32"
+    # Compressive memory (Rae et al., 2019; :mod:`xl.memory.compressor`): per layer, the states evicted from the memory
+    # are compressed cmem_rate to 1 (cmem_fn: mean pooling, or a learned convolution) into a second memory of
+    # cmem_len slots that sits before the memory. 0: no compressed memory (plain Transformer-XL).
+    cmem_len: int = 0
+    cmem_rate: int = 3
+    cmem_fn: str = "conv"
+    # Memory tokens (Bulatov et al., 2022; :mod:`xl.memory.tokens`): num_tokens vectors read at each segment's start
+    # and written at its end, on top of the cache (mem_len >= 0); tokens_seg_len: the text tokens between two writes
+    # when decoding one token at a time (the training segment length). 0: no memory tokens.
+    num_tokens: int = 0
+    tokens_seg_len: int = 0
+
+    def __post_init__(self) -> None:
+        self.cutoffs = tuple(self.cutoffs)
+        if isinstance(self.tie_projs, (list, tuple)):
+            self.tie_projs = tuple(self.tie_projs)
+        check_model(self)  # the rules, with every other config rule, live in xl.config.rules
+
+    def memory_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
+        """The dtype the cache is stored in when the layer states are ``compute_dtype``."""
+        return compute_dtype if self.mem_dtype == "float32" else MEM_DTYPES[self.mem_dtype]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> XLConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown XLConfig field(s) {unknown}; valid fields are {sorted(known)}")
+        return cls(**values)
+

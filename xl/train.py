@@ -1,0 +1,121 @@
+"""Train a Transformer-XL: ``python train.py [group=option] [key=value ...]`` (Hydra; also ``xl-train``).
+
+Compose the config, build data/module/trainer (xl/training/build.py), fit, test the best checkpoint,
+and say where everything went. ``-m`` sweeps, e.g. ``python train.py -m memory.mem_len=0,64,128``.
+
+``python train.py ckpt_path=RUN [key=value ...]`` continues the run in the folder RUN: its own settings (read from
+``RUN/.hydra/overrides.yaml``) with the new ones on top, written into RUN, logged into the same W&B run.
+``trainer.max_steps`` counts the run's steps in all, not steps added by the resume; a resume may change only what
+it would use (xl.training.runs.RESUMABLE), and one whose training is complete but whose test is not runs the test. A
+requeued SLURM job, which runs the same command into the same folder, continues from the folder's newest complete
+checkpoint. A stop before the end (a signal, a full disk, non-finite steps) ends in one sentence (xl/training/stops.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from xl.config.compose import ConfigError, entry_point, exit_on_user_error
+from xl.training.build import build_run
+from xl.training.console import errors_logged, quiet_wandb, quiet_warnings
+from xl.training.runs import continue_run, wandb_id
+from xl.training.stops import stopping
+
+log = logging.getLogger("train")
+
+
+def prepare_run(cfg: DictConfig) -> None:
+    """A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues from its folder's newest checkpoint; the W&B
+    logger gets the folder's W&B id, so every resume logs into the same W&B run."""
+    output_dir = Path(cfg.paths.output_dir)
+    requeued = int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
+    with open_dict(cfg):
+        if requeued and not cfg.get("ckpt_path") and cfg.train and any((output_dir / "checkpoints").glob("*.ckpt")):
+            log.info("requeued: continuing from %s", output_dir)
+            cfg.ckpt_path = str(output_dir)
+        wandb = OmegaConf.select(cfg, "logger.wandb")
+        if wandb is not None:
+            quiet_wandb(wandb.offline)
+            if not wandb.get("id"):
+                wandb.id = wandb_id(output_dir)
+
+
+def fit_and_test(cfg: DictConfig) -> dict[str, float]:
+    if not cfg.train and not cfg.test:
+        raise ConfigError("train=false and test=false leave nothing to do; set test=true to test ckpt_path")
+    prepare_run(cfg)
+    if cfg.get("ckpt_path"):  # continuing into the run folder: its checkpoints are expected there
+        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+    run = build_run(cfg)  # a bad setting ends the command with one sentence (xl.config.compose.entry_point)
+    trainer, module, datamodule = run.trainer, run.module, run.datamodule
+    run_dir = trainer.default_root_dir
+    if cfg.train and not (run.resume and run.resume.finished):
+        with stopping(trainer, run_dir):
+            trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    if cfg.test:
+        best = model_checkpoint(trainer).best_model_path if model_checkpoint(trainer) else ""
+        ckpt = str(run.resume.best_path()) if run.resume and run.resume.finished else best or (
+            None if cfg.train else run.ckpt_path)
+        with stopping(trainer, run_dir):
+            results = trainer.test(module, datamodule=datamodule, ckpt_path=ckpt, verbose=False, weights_only=True)
+        for values in results:
+            metrics.update({k: float(v) for k, v in values.items()})
+    report(trainer, module, metrics)
+    return metrics
+
+
+def model_checkpoint(trainer) -> ModelCheckpoint | None:
+    """The callbacks group's ModelCheckpoint (``trainer.checkpoint_callback`` may be another Checkpoint callback)."""
+    return next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
+
+
+def report(trainer, module, metrics: dict[str, float]) -> None:
+    lines = [f"  {k:<10} {v:.4f}" for k, v in sorted(metrics.items())]
+    params = sum(p.numel() for p in module.parameters())
+    lines.append(f"  parameters: {params:,}")
+    ckpt = model_checkpoint(trainer)
+    if ckpt is not None and ckpt.best_model_path:
+        lines.append(f"  best checkpoint: {ckpt.best_model_path}")
+    if ckpt is not None and ckpt.last_model_path:
+        lines.append(f"  last checkpoint: {ckpt.last_model_path}")
+    lines.append(f"  run folder: {trainer.default_root_dir}")
+    for logger in trainer.loggers if trainer.is_global_zero else []:  # other ranks hold no W&B run
+        if isinstance(logger, WandbLogger):
+            run = logger.experiment
+            where = wandb_upload(Path(run.dir).parent, run.id) if run.offline else run.url
+            lines.append(f"  W&B run {run.id}: {where}")
+    log.info("results\n%s", "\n".join(lines))
+
+
+def wandb_upload(session: Path, run_id: str) -> str:
+    """Where an offline W&B run is and the command that uploads all of it: each session (the first and every
+    resume) is a folder ``offline-run-<start>-<id>``, and ``wandb sync`` given them all uploads them in order."""
+    sessions = sorted(session.parent.glob(f"offline-run-*-{run_id}*"))
+    return f"{len(sessions)} offline session(s) in {session.parent} (upload: wandb sync {' '.join(map(str, sessions))})"
+
+
+@entry_point("config")
+def train_main(cfg: DictConfig) -> float | None:
+    with errors_logged():
+        return fit_and_test(cfg).get("val/loss")
+
+
+def main() -> float | None:
+    """The command line; returns the validation loss of the run (the objective of sweepers such as Optuna)."""
+    quiet_warnings()
+    with exit_on_user_error():
+        sys.argv[1:] = continue_run(sys.argv[1:])
+    return train_main()
+
+
+if __name__ == "__main__":
+    main()

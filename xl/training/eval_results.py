@@ -1,0 +1,122 @@
+"""What ``python -m xl.evaluate`` reports: the printed table, ``results.json`` in its output folder, and W&B.
+
+``results.json`` holds the checkpoint and its run, the corpus scored, the evaluation context and every metric, in
+the form a training job's ``results.json`` has (:mod:`xl.training.sweep` gathers both): an ``-m`` sweep over evaluation
+settings ends with the same summary table and plot as a training sweep. W&B: into the evaluated run's own W&B run
+when its folder records the id (resumed offline; metrics under ``evaluate/``, at the checkpoint's step, and one
+table row of context and metrics), else into a new run of job type ``evaluate``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from xl.model.documents import bucket_names
+from xl.training.build import build, run_identity
+from xl.training.callbacks import write_json
+from xl.training.console import quiet_wandb
+from xl.training.footprint import memory_bytes
+from xl.training.runs import recorded_wandb_id, run_setting
+from xl.training.sweep import RESULTS_FILE
+
+
+def scored_corpus(datamodule: Any, splits: list[str]) -> dict[str, str]:
+    """The files or source of each split scored, in words."""
+    return {split: datamodule.source.setting(split) for split in splits}
+
+
+def describe(module: Any, path: str, step: int, datamodule: Any, corpus: dict[str, str], note: str,
+             segments: str) -> str:
+    """The evaluation in words: the checkpoint, the data scored (``note``: whose they are) and the context
+    (``segments``: where the segment length and the batch come from)."""
+    c = module.eval_context
+    mode = (f"vanilla (no cache), attn_len={module.attn_len}" if module.attn_len else
+            f"mem_len={c['mem_len']} same_length={c['same_length']}") + f" doc_boundaries={module.doc_boundaries}"
+    filled = min(c["mem_len"], module.warmup * datamodule.eval_tgt_len)
+    scored = "; ".join(corpus.values())
+    return (f"checkpoint {path} (step {step}, trained with mem_len={module.config.mem_len})\n"
+            f"  scored: {scored} ({note})\n"
+            f"  {mode} tgt_len={datamodule.eval_tgt_len} clamp_len={c['clamp_len']} "
+            f"batch={datamodule.eval_batch_size} ({segments}) warmup={module.warmup} segments"
+            + (f" (memory >= {filled} tokens when scoring)" if module.warmup and not module.attn_len else ""))
+
+
+def format_table(results: dict[str, dict[str, float]], unit: str) -> str:
+    """Loss, the tokenizer's own figure, bits per byte (the figure that compares across tokenizers) and, for a
+    tokenizer with ``<unk>``, the share of the bytes spelled by its fallback (:mod:`xl.training.metrics`) per split."""
+    figures = list(dict.fromkeys([unit, "bpb"]))
+    if any(f"{split}/unk_share" in m for split, m in results.items()):
+        figures.append("unk_share")
+    header = " ".join(f"{f:>9}" for f in figures)
+    lines = [f"  {'split':<6} {'loss':>8} {header} {'tokens':>12} {'tokens/s':>10}"]
+    for split, m in results.items():
+        lines.append(f"  {split:<6} {m[f'{split}/loss']:>8.4f} "
+                     + " ".join(f"{m[f'{split}/{f}']:>9.4f}" if f"{split}/{f}" in m else f"{'':>9}" for f in figures)
+                     + f" {m[f'{split}/tokens']:>12,.0f} {m[f'{split}/tok_s']:>10,.0f}")
+    if all(f"{split}/docs" in m for split, m in results.items()) and results:
+        names = bucket_names()
+        lines.append(f"  per document ({unit}; by position in document):")
+        lines.append(f"  {'split':<6} {'docs':>8} {'mean':>8} " + " ".join(f"{n:>9}" for n in names))
+        for split, m in results.items():
+            lines.append(f"  {split:<6} {m[f'{split}/docs']:>8,.0f} {m[f'{split}/doc_mean_{unit}']:>8.4f} "
+                         + " ".join(f"{m[f'{split}/pos_{n}_{unit}']:>9.4f}" for n in names))
+    return "\n".join(lines)
+
+
+def record(module: Any, datamodule: Any, results: dict[str, dict[str, float]], checkpoint: dict[str, Any],
+           corpus: dict[str, str], run_data: bool) -> dict[str, Any]:
+    """One evaluation as ``results.json`` holds it: context and cost first (the sweep summary's columns), then the
+    metrics of every split."""
+    cfg, c = module.config, module.eval_context
+    dtype = next(module.parameters()).dtype
+    values: dict[str, Any] = {
+        "ckpt": checkpoint["path"], "step": checkpoint["step"], "run": checkpoint["run"], "corpus": corpus,
+        "run_data": run_data, "mem_len": cfg.mem_len, "eval_mem_len": c["mem_len"], "clamp_len": c["clamp_len"],
+        "same_length": c["same_length"], "cmem_len": cfg.cmem_len, "cmem_rate": cfg.cmem_rate,
+        "doc_boundaries": module.doc_boundaries, "scored": getattr(datamodule, "scored", "every token"),
+        "warmup": module.warmup, "vanilla": module.attn_len is not None,
+        "attn_len": module.attn_len, "tgt_len": datamodule.eval_tgt_len, "batch_size": datamodule.eval_batch_size,
+        "unit": module.quality_name, "params": sum(p.numel() for p in module.model.parameters()),
+        "num_tokens": cfg.num_tokens,
+        "cache_mb": memory_bytes(cfg, c["mem_len"], datamodule.eval_batch_size, dtype, datamodule.eval_tgt_len) / 2**20,
+    }
+    for metrics in results.values():
+        values.update({k: float(v) for k, v in metrics.items()})
+    return values
+
+
+def write_results(output_dir: str | Path, values: dict[str, Any]) -> Path:
+    path = Path(output_dir) / RESULTS_FILE
+    write_json(path, values)
+    return path
+
+
+def log_results(cfg: DictConfig, values: dict[str, Any]) -> str | None:
+    """Log the evaluation to W&B (with ``logger.wandb``); returns where it went, in words."""
+    if OmegaConf.select(cfg, "logger.wandb") is None:
+        return None
+    quiet_wandb(cfg.logger.wandb.offline)
+    node = OmegaConf.to_container(cfg.logger.wandb, resolve=True)
+    run_id = node.get("id") or recorded_wandb_id(values["run"])
+    if run_id is None:  # a new run of its own, named and grouped as train.py's runs are
+        name, group = run_identity(cfg)
+        node.update(name=node.get("name") or name, group=node.get("group") or group, job_type="evaluate")
+    else:  # the evaluated run, in its own project: its name, group and config stay as training left them
+        project = run_setting(values["run"], "logger.wandb.project") or node.get("project")
+        node.update(id=run_id, project=project, name=None, group=None)
+    logger = build(OmegaConf.create(node), "logger.wandb")
+    if run_id is None:
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    scalars = {f"evaluate/{k}": v for k, v in values.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and "/" in k}
+    logger.log_metrics(scalars, step=values["step"] or 0)
+    columns = [k for k, v in values.items() if isinstance(v, (int, float, str, bool)) or v is None]
+    logger.log_table("evaluate/results", columns=columns, data=[[values[k] for k in columns]],
+                     step=values["step"] or 0)
+    run = logger.experiment
+    where = f"W&B run {run.id} ({'the evaluated run' if run_id else 'a new evaluation run'}): {Path(run.dir).parent}"
+    run.finish()
+    return where

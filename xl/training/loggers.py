@@ -1,0 +1,84 @@
+"""Lightning's loggers, continuing a run's history when the run is resumed into its own folder.
+
+- :class:`CSVLogger`: Lightning's CSVLogger writes ``<run folder>/csv/metrics.csv`` and, on a resume into the same
+  folder, deletes the file. This one keeps the rows of the steps before the checkpoint the run continues from and
+  appends the resumed session's rows (rows of steps after the checkpoint, which the resume trains again, go).
+- :class:`WandbLogger`: each offline W&B session of a resumed run is a new folder (W&B cannot resume an offline run
+  in place, W&B issue #4624), and W&B numbers a session's rows (``_step``) from 0. This one gives W&B the trainer's
+  step as ``_step``, so the resumed session's rows continue the run's and ``wandb sync`` of all its folders uploads
+  one history; values a callback sends with a smaller step of its own (ThroughputMonitor counts test batches)
+  join the current row.
+
+:meth:`continue_from` tells a logger the step of the checkpoint the run resumes from (xl.training.build does).
+"""
+
+from __future__ import annotations
+
+import csv
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
+from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_only
+
+
+class CSVLogger(LightningCSVLogger):
+    """``csv/metrics.csv`` over all the sessions of a run (see the module's notes)."""
+
+    resume_step: int | None = None
+    writer: ExperimentWriter | None = None
+
+    def continue_from(self, step: int) -> None:
+        self.resume_step = step
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self.writer is not None:
+            return self.writer
+        path = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
+        kept: list[dict[str, Any]] = []
+        header: list[str] = []
+        if self.resume_step is not None and path.is_file():
+            with open(path, newline="") as f:
+                reader = csv.DictReader(f)
+                header = list(reader.fieldnames or [])
+                kept = [row for row in reader if int(row["step"]) < self.resume_step]
+            aside = path.with_name(path.name + ".resumed")
+            path.replace(aside)  # Lightning's writer deletes a metrics.csv it finds; the rows are written back below
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+            self.writer = ExperimentWriter(log_dir=self.log_dir)
+        if header:
+            self.writer.metrics_keys = header
+            self.writer.metrics = [{k: v for k, v in row.items() if v != ""} for row in kept]
+            with open(path, "w", newline="") as f:
+                csv.DictWriter(f, fieldnames=header).writeheader()
+            self.writer.save()
+            aside.unlink()
+        return self.writer
+
+
+class WandbLogger(LightningWandbLogger):
+    """Lightning's WandbLogger with W&B's ``_step`` set to the trainer's step (see the module's notes)."""
+
+    step = 0  # the step of W&B's current row
+
+    def continue_from(self, step: int) -> None:
+        self.step = step
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if step is None:
+            super().log_metrics(metrics)
+            return
+        if step < self.step:  # a callback's own count (ThroughputMonitor's test batches): into the current row
+            self.experiment.log(dict(metrics), step=self.step)
+            return
+        self.step = step
+        self.experiment.log({**metrics, "trainer/global_step": step}, step=step)
