@@ -42,8 +42,9 @@ from xl.data.workspace import discard, publish, sweep, workspace
 
 log = logging.getLogger(__name__)
 
-# 2: document start offsets per split; 3: the positions' bytes of a split with <unk>; 4: every file's size
-CACHE_FORMAT = 4
+# 2: document start offsets per split; 3: the positions' bytes of a split with <unk>; 4: every file's size;
+# 5: a tokenizer file's ids as the file gives them
+CACHE_FORMAT = 5
 TOP_UNKNOWN = 20
 BATCH_CHARS = 16 << 20  # text handed to one (parallel) encode_batch call
 
@@ -121,7 +122,8 @@ def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLik
 
 
 def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
-    """Fit, then encode each split into ``folder``; a subword vocabulary is ranked by the train split's counts."""
+    """Fit, then encode each split into ``folder``; a fitted subword vocabulary is ranked by the train split's
+    counts (:meth:`~xl.data.subwords.SubwordTokenizer.rank_by_frequency`)."""
     start = time.perf_counter()
     tokenizer.fit(_checked_texts(source, "train", tokenizer))
     fit_seconds = time.perf_counter() - start
