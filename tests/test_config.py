@@ -202,13 +202,13 @@ def test_data_options(option, tmp_path):
 def test_callbacks_build(tmp_path):
     callbacks = build_callbacks(compose_config(f"paths.output_dir={tmp_path}"))
     assert [type(c).__name__ for c in callbacks] == ["ModelCheckpoint", "LearningRateMonitor", "ThroughputMonitor",
-                                                     "TQDMProgressBar", "PreemptionCheckpoint", "JobSummary"]
+                                                     "RunProgressBar", "PreemptionCheckpoint", "JobSummary"]
     checkpoint = callbacks[0]
     assert (checkpoint.dirpath, checkpoint.monitor, checkpoint.save_top_k, checkpoint.save_last) == (
         str(tmp_path / "checkpoints"), "val/loss", 1, True)
     assert [type(c).__name__ for c in build_callbacks(compose_config(f"paths.output_dir={tmp_path}"),
                                                       with_logger=False)] == [
-        "ModelCheckpoint", "TQDMProgressBar", "PreemptionCheckpoint", "JobSummary"]
+        "ModelCheckpoint", "RunProgressBar", "PreemptionCheckpoint", "JobSummary"]
     names = build_callbacks(compose_config(f"paths.output_dir={tmp_path}", "~callbacks.throughput"))
     assert "ThroughputMonitor" not in [type(c).__name__ for c in names] and len(names) == 5
 
