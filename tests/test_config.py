@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 from pathlib import Path
 
 import lightning as L
@@ -111,6 +112,40 @@ def test_auto_precision_on_a_gpu_is_mixed(monkeypatch, bf16, expected):
     assert cpu.trainer.precision == "32-true"
 
 
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC
+flags\t\t: fpu vme sse2 avx avx2 {}
+bugs\t\t: sysret_ss_attrs
+
+processor\t: 1
+flags\t\t: fpu
+"""
+
+
+@pytest.mark.parametrize("flags,expected", [
+    ("", "32-true"), ("avx512f avx512bw", "32-true"), ("avx512f avx512_bf16", "bf16-mixed"),
+    ("amx_bf16 amx_tile amx_int8 avx512_bf16", "bf16-mixed"), ("amx_bf16 amx_tile", "bf16-mixed")])
+def test_auto_precision_on_a_cpu_is_bf16_where_it_computes_bf16(flags, expected, tmp_path, monkeypatch, caplog):
+    """The choice is a function of the CPU's flags as Linux lists them (the first CPU's); logged with its reason."""
+    import xl.training.cpu
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(CPUINFO.format(flags))
+    assert xl.training.cpu.cpu_flags(cpuinfo) == {"fpu", "vme", "sse2", "avx", "avx2", *flags.split()}
+    monkeypatch.setattr(xl.training.cpu, "CPUINFO", str(cpuinfo))
+    cfg = compose_config(f"paths.output_dir={tmp_path}")
+    with caplog.at_level(logging.INFO, logger="xl.config.rules"):
+        assert check_device(cfg) is False
+    assert cfg.trainer.precision == expected
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision=auto")]
+    reason = "natively: " if expected == "bf16-mixed" else "no native bfloat16 (no amx_bf16 or avx512_bf16 flag)"
+    assert len(said) == 1 and said[0].startswith(f"precision=auto: {expected} (") and reason in said[0], said
+    trainer = instantiate(cfg.trainer, logger=False, enable_progress_bar=False)
+    assert trainer.strategy.precision_plugin.precision == expected
+    assert xl.training.cpu.cpu_flags(tmp_path / "missing") == frozenset()  # no /proc/cpuinfo (macOS, Windows): float32
+
+
 TRAINERS = {"cpu": ("cpu", 1, "SingleDeviceStrategy"), "ddp": ("auto", 2, "DDPStrategy")}
 
 
@@ -168,13 +203,13 @@ def test_data_options(option, tmp_path):
 def test_callbacks_build(tmp_path):
     callbacks = build_callbacks(compose_config(f"paths.output_dir={tmp_path}"))
     assert [type(c).__name__ for c in callbacks] == ["ModelCheckpoint", "LearningRateMonitor", "ThroughputMonitor",
-                                                     "TQDMProgressBar", "PreemptionCheckpoint", "JobSummary"]
+                                                     "RunProgressBar", "PreemptionCheckpoint", "JobSummary"]
     checkpoint = callbacks[0]
     assert (checkpoint.dirpath, checkpoint.monitor, checkpoint.save_top_k, checkpoint.save_last) == (
         str(tmp_path / "checkpoints"), "val/loss", 1, True)
     assert [type(c).__name__ for c in build_callbacks(compose_config(f"paths.output_dir={tmp_path}"),
                                                       with_logger=False)] == [
-        "ModelCheckpoint", "TQDMProgressBar", "PreemptionCheckpoint", "JobSummary"]
+        "ModelCheckpoint", "RunProgressBar", "PreemptionCheckpoint", "JobSummary"]
     names = build_callbacks(compose_config(f"paths.output_dir={tmp_path}", "~callbacks.throughput"))
     assert "ThroughputMonitor" not in [type(c).__name__ for c in names] and len(names) == 5
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
+from tqdm import tqdm
 
 from xl.data import DataError, SegmentDataModule, SegmentLoader, make_tokenizer, sources, split_streams
 from xl.data.cache import build_cache, cache_folder, open_cache, token_dtype
@@ -306,6 +309,32 @@ def test_cache_is_built_once_and_reused(tmp_path, monkeypatch):
     assert cache_folder(source, make_tokenizer("word", min_freq=2)) != first.folder
     paths["val"].write_text("changed val text\n")
     assert cache_folder(source, make_tokenizer("word"), None) != first.folder
+
+
+class Terminal(io.StringIO):
+    """A stderr that says it is a terminal (tqdm draws its bars only there)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("tokenizer", ["word", "bpe"])
+def test_a_cache_build_shows_its_progress_on_a_terminal_and_nothing_elsewhere(tmp_path, monkeypatch, tokenizer):
+    """Fitting the vocabulary and encoding each split draw a bar on stderr with the split's size as total, where
+    stderr is a terminal; elsewhere (a pipe, a log, this test suite) the build writes nothing."""
+    paths = write_corpus(tmp_path, "train text with some words\n" * 4000, "val text\n" * 50, "test text\n" * 50)
+    kwargs = {"vocab_size": 300} if tokenizer == "bpe" else {}
+    terminal, pipe = Terminal(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", pipe)
+    open_cache(sources.TextFilesSource(**paths), make_tokenizer(tokenizer, **kwargs), tmp_path / "piped")
+    assert pipe.getvalue() == ""
+    monkeypatch.setattr(sys, "stderr", terminal)
+    open_cache(sources.TextFilesSource(**paths), make_tokenizer(tokenizer, **kwargs), tmp_path / "shown")
+    drawn = terminal.getvalue()
+    assert f"fitting the {tokenizer} vocabulary on train" in drawn
+    for split in ("train", "val", "test"):  # each bar's first draw shows its total
+        total = tqdm.format_sizeof(paths[split].stat().st_size, divisor=1024)
+        assert re.search(rf"encoding {split}: +0%.*0\.00/{re.escape(total)}B? ", drawn), drawn
 
 
 def test_word_vocabulary_scales_to_wikitext103_size(tmp_path, monkeypatch):

@@ -86,3 +86,28 @@ def test_a_conflicting_model_setting_on_the_command_line_is_refused(tmp_path, co
     argv = ["train.py", *overrides(tmp_path, converted), "model.cutoffs=[20,40]"]
     with pytest.raises(SystemExit, match=r"model\.cutoffs=\[20, 40\] conflicts with init_from=.*\[20, 40, 70\]"):
         run_hydra_main(train.main, argv, monkeypatch)
+
+
+def test_a_run_trained_with_a_tokenizer_file_fine_tunes_on_other_text(tmp_path, corpus):
+    """The tokenizer file's ids do not depend on the corpus, so the checkpoint's fingerprint is the other text's."""
+    from tests.conftest import tiny_overrides
+    from tests.test_data import write_corpus
+    from tests.test_tokenizers import hf_tokenizer
+
+    file = tmp_path / "tokenizer.json"
+    hf_tokenizer("BPE", 320).save(str(file))
+    subwords = ["data.tokenizer=bpe", f"data.tokenizer_file={file}", "trainer.max_steps=2", "test=false"]
+    first = build_run(compose_config(*tiny_overrides(tmp_path, corpus), *subwords))
+    first.trainer.fit(first.module, datamodule=first.datamodule)
+    texts = {split: path.read_text(encoding="utf-8") for split, path in corpus.items()}
+    (tmp_path / "other").mkdir()
+    other = write_corpus(tmp_path / "other", texts["test"] * 3 + texts["val"], texts["train"][:4000],
+                         texts["train"][4000:8000])
+    tuned = build_run(compose_config(*tiny_overrides(tmp_path, corpus), *subwords,
+                                     *(f"data.{split}={path}" for split, path in other.items()),
+                                     f"data.cache_dir={tmp_path / 'other-cache'}",
+                                     f"init_from={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}",
+                                     f"paths.output_dir={tmp_path / 'tuned'}"))
+    assert tuned.datamodule.tokenizer_fingerprint == first.datamodule.tokenizer_fingerprint
+    tuned.trainer.fit(tuned.module, datamodule=tuned.datamodule)
+    assert tuned.trainer.global_step == 2

@@ -18,6 +18,7 @@ from xl.data import subwords as subwords_module
 from xl.data import tokenizers as tok_module
 from xl.data.cache import build_cache, cache_folder, open_cache
 from xl.data.tokenizers import default_cutoffs
+from xl.data.words import vocabulary_json
 
 SUBWORDS = ["bpe", "unigram"]
 
@@ -178,7 +179,7 @@ def test_tokenizer_file_is_read_instead_of_fitted_and_keyed_by_its_content(tmp_p
     tok = dm.tokenizer
     assert dm.vocab_size == hf.get_vocab_size()
     text = paths["val"].read_text(encoding="utf-8")
-    assert tok.order[tok.encode(text)].tolist() == hf.encode(text, add_special_tokens=False).ids
+    assert tok.encode(text).tolist() == hf.encode(text, add_special_tokens=False).ids  # the file's own ids
     for split, path in paths.items():
         assert tok.decode(dm.cache.splits[split]).encode("utf-8") == path.read_bytes()
     copy = tmp_path / "moved.json"
@@ -187,6 +188,37 @@ def test_tokenizer_file_is_read_instead_of_fitted_and_keyed_by_its_content(tmp_p
     hf_tokenizer("BPE", 330, ["<§sep>"]).save(str(copy))
     assert datamodule(paths, tmp_path / "cache", "bpe", copy, special_tokens=["<§sep>"]).cache.folder != \
         dm.cache.folder
+
+
+@pytest.mark.parametrize("name", ["word", *SUBWORDS])
+def test_a_tokenizer_file_gives_the_same_ids_and_fingerprint_on_any_corpus(tmp_path, corpus, name):
+    """A vocabulary read from data.tokenizer_file keeps the file's ids, whatever text the cache is built from: two
+    corpora whose counts rank the tokens differently give the same ids and the same fingerprint, so a model trained
+    with the file reads other text as it was trained to (a fitted vocabulary is ranked by its corpus instead)."""
+    if name == "word":
+        file = tmp_path / "vocab.json"
+        words = ["<eos>", "<unk>", "hello", "world,", "tokens", "def", "return", "self", "="]
+        file.write_text(vocabulary_json(words), encoding="utf-8")
+        kwargs = {}
+    else:
+        file = tmp_path / "tokenizer.json"
+        hf_tokenizer({"bpe": "BPE", "unigram": "Unigram"}[name], 320, ["<§sep>"]).save(str(file))
+        kwargs = {"special_tokens": ["<§sep>"]}
+    one = text_corpus(tmp_path, corpus)
+    (tmp_path / "other").mkdir()
+    texts = {split: path.read_bytes().decode("utf-8") for split, path in one.items()}  # its \r\n kept
+    other = write_corpus(tmp_path / "other", ("hello world, hello tokens\n" * 500) + texts["test"], texts["val"],
+                         texts["test"])  # another training text, the same held-out text
+    a, b = (datamodule(paths, tmp_path / f"cache{i}", name, file, **kwargs) for i, paths in enumerate((one, other)))
+    counts = [np.bincount(dm.cache.splits["train"], minlength=dm.vocab_size) for dm in (a, b)]
+    assert np.argsort(-counts[0], kind="stable").tolist() != np.argsort(-counts[1], kind="stable").tolist()
+    assert a.cache.splits["val"].tolist() == b.cache.splits["val"].tolist()
+    assert a.tokenizer_fingerprint == b.tokenizer_fingerprint
+    assert tok_module.fingerprint(make_tokenizer(name, file, **kwargs)) == a.tokenizer_fingerprint  # as read
+    if name != "word":
+        hf = Tokenizer.from_file(str(file))
+        assert a.tokenizer.encode(texts["test"]).tolist() == hf.encode(texts["test"], add_special_tokens=False).ids
+        assert not a.tokenizer.ranked and a.default_cutoffs == []  # not ordered by frequency: one plain softmax
 
 
 def test_a_cache_holding_another_vocabulary_is_refused(tmp_path, corpus):

@@ -50,7 +50,7 @@ class ThroughputMonitorSchema:
 
 @dataclass
 class ProgressBarSchema:
-    _target_: str = "lightning.pytorch.callbacks.TQDMProgressBar"
+    _target_: str = "xl.training.progress_bar.RunProgressBar"
     refresh_rate: int = setting(10, bound=at_least(0), help="steps between updates; 0: off")
 
 

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.bounds import bound_of, is_int, shown
 from xl.config.trainer_rules import check_trainer
+from xl.training import cpu
 from xl.training.headroom import NAMES, SETTINGS, GiB, verdict
 
 if TYPE_CHECKING:
@@ -310,6 +311,20 @@ def uses_cuda(cfg: DictConfig) -> bool:
     return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
 
 
+def auto_precision(on_cpu: bool, flags: frozenset[str] | set[str]) -> tuple[str, str]:
+    """What ``precision=auto`` trains in, and why: on a GPU, bf16 autocast where it has bf16 (Ampere on), else fp16 with
+    loss scaling; on a CPU whose ``flags`` (:func:`xl.training.cpu.cpu_flags`) say it multiplies bfloat16 in hardware,
+    bf16 autocast (faster there, the same held-out quality: docs/gpu.md), else float32."""
+    if not on_cpu:
+        if torch.cuda.is_bf16_supported():
+            return "bf16-mixed", "the GPU computes bfloat16"
+        return "16-mixed", "the GPU has no bfloat16: float16 with loss scaling"
+    native = cpu.native_bf16(flags)
+    if native:
+        return "bf16-mixed", f"the CPU computes bfloat16 natively: {', '.join(native)}"
+    return "32-true", f"the CPU has no native bfloat16 (no {' or '.join(cpu.BF16_FLAGS)} flag), so float32 is faster"
+
+
 def check_device(cfg: DictConfig) -> bool:
     """Resolve ``precision=auto``; refuse precisions and device counts this machine cannot honour.
 
@@ -321,12 +336,10 @@ def check_device(cfg: DictConfig) -> bool:
         raise ConfigError(f"trainer.accelerator={accelerator} but no CUDA GPU is visible; use trainer=cpu")
     on_cpu = not uses_cuda(cfg)
     if str(t.get("precision")) == "auto":
-        # GPUs: bf16 autocast where the GPU has bf16 (Ampere on), else fp16 with loss scaling. CPUs: fp32,
-        # the fast choice there (bf16 matmuls are far slower without AMX/AVX-512).
-        choice = "32-true" if on_cpu else "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+        choice, reason = auto_precision(on_cpu, cpu.cpu_flags())
         with open_dict(cfg):
             t.precision = choice
-        log.info("precision=auto: using %s", choice)
+        log.info("precision=auto: %s (%s)", choice, reason)
     precision = str(t.get("precision", "32-true"))
     if on_cpu and precision in ("16-mixed", "16-true", "16"):
         raise ConfigError(

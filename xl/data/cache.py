@@ -37,14 +37,16 @@ from typing import IO, Any
 import numpy as np
 
 from xl.data.errors import DataError
+from xl.data.progress import Progress, progress, split_bytes
 from xl.data.sources import SPLITS, Source, documents
 from xl.data.tokenizers import Tokenizer, tokenizer_from_dict
 from xl.data.workspace import discard, publish, sweep, workspace
 
 log = logging.getLogger(__name__)
 
-# 2: document start offsets per split; 3: the positions' bytes of a split with <unk>; 4: every file's size
-CACHE_FORMAT = 4
+# 2: document start offsets per split; 3: the positions' bytes of a split with <unk>; 4: every file's size;
+# 5: a tokenizer file's ids as the file gives them
+CACHE_FORMAT = 5
 TOP_UNKNOWN = 20
 BATCH_CHARS = 16 << 20  # text handed to one (parallel) encode_batch call
 
@@ -124,9 +126,11 @@ def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLik
 
 
 def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:
-    """Fit, then encode each split into ``folder``; a subword vocabulary is ranked by the train split's counts."""
+    """Fit, then encode each split into ``folder``; a fitted subword vocabulary is ranked by the train split's
+    counts (:meth:`~xl.data.subwords.SubwordTokenizer.rank_by_frequency`)."""
     start = time.perf_counter()
-    tokenizer.fit(_checked_texts(source, "train", tokenizer))
+    with progress(f"fitting the {tokenizer.name} vocabulary on train", split_bytes(source, "train")) as bar:
+        tokenizer.fit(bar.reading(_checked_texts(source, "train", tokenizer), after="text read; fitting"))
     fit_seconds = time.perf_counter() - start
     dtype = token_dtype(tokenizer.vocab_size)
     splits, encode_seconds = {}, 0.0
@@ -178,30 +182,33 @@ def encode_documents(source: Source, split: str, tokenizer: Tokenizer, unknown: 
     table = tokenizer.token_bytes()
     pieces: list[tuple[bool, np.ndarray]] = []  # (a document begins here, ids)
     replaced: dict[int, np.ndarray] = {}  # piece → the bytes of each of its <unk>
-    batch: list[tuple[bool, str]] = []
+    batch: list[tuple[bool, str, int]] = []  # (a document begins here, text, its UTF-8 bytes)
     marked: list[int] = []  # the pieces that are answers
     chars = n_bytes = 0
-    for piece in documents(source, split):
-        begins, text = piece[0], piece[1]
-        if len(piece) > 2 and piece[2]:
-            marked.append(len(pieces) + len(batch))
-        _check_text(text, source, split, tokenizer)
-        n_bytes += len(text.encode("utf-8", "surrogateescape"))
-        if encode_batch is None:
-            missing: Counter[str] = Counter()
-            ids = tokenizer.encode(text, missing)
-            unknown.update(missing)
-            if missing and unknown_bytes is not None:  # not a literal <unk> (WikiText's), which the table counts
-                replaced[len(pieces)] = unknown_bytes(text, ids)
-            pieces.append((begins, ids))
-            continue
-        batch.append((begins, text))
-        chars += len(text)
-        if chars >= BATCH_CHARS:
-            pieces += zip([b for b, _ in batch], encode_batch([t for _, t in batch]), strict=True)
-            batch, chars = [], 0
-    if batch:
-        pieces += zip([b for b, _ in batch], encode_batch([t for _, t in batch]), strict=True)
+    with progress(f"encoding {split}", split_bytes(source, split)) as bar:
+        for piece in documents(source, split):
+            begins, text = piece[0], piece[1]
+            if len(piece) > 2 and piece[2]:
+                marked.append(len(pieces) + len(batch))
+            _check_text(text, source, split, tokenizer)
+            size = len(text.encode("utf-8", "surrogateescape"))
+            n_bytes += size
+            if encode_batch is None:
+                missing: Counter[str] = Counter()
+                ids = tokenizer.encode(text, missing)
+                unknown.update(missing)
+                if missing and unknown_bytes is not None:  # not a literal <unk> (WikiText's), which the table counts
+                    replaced[len(pieces)] = unknown_bytes(text, ids)
+                pieces.append((begins, ids))
+                bar.update(size)
+                continue
+            batch.append((begins, text, size))
+            chars += len(text)
+            if chars >= BATCH_CHARS:
+                pieces += encoded(batch, encode_batch, bar)
+                batch, chars = [], 0
+        if batch:
+            pieces += encoded(batch, encode_batch, bar)
     starts, empty, offset, pending, offsets = [], 0, 0, False, []
     for begins, ids in pieces:
         offsets.append(offset)
@@ -226,6 +233,14 @@ def encode_documents(source: Source, split: str, tokenizer: Tokenizer, unknown: 
     if marked:
         answers = np.array([(offsets[i], offsets[i] + pieces[i][1].size) for i in marked], dtype=np.int64)
     return ids, np.asarray(starts, dtype=np.int64), empty, n_bytes, position_bytes, answers
+
+
+def encoded(batch: list[tuple[bool, str, int]], encode_batch: Callable[[list[str]], list[np.ndarray]],
+            bar: Progress) -> list[tuple[bool, np.ndarray]]:
+    """(a document begins, ids) of each (begins, text, bytes) of ``batch``, encoded in one parallel call."""
+    ids = encode_batch([text for _, text, _ in batch])
+    bar.update(sum(size for *_, size in batch))
+    return [(begins, i) for (begins, _, _), i in zip(batch, ids, strict=True)]
 
 
 def _read(folder: Path, source: Source, tokenizer: Tokenizer) -> TokenCache:

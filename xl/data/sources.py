@@ -42,7 +42,8 @@ REACH_SECONDS = 5  # the hub's one reachability check; datasets itself retries f
 
 
 class Source(Protocol):
-    """What the cache needs from a corpus (see the module docstring)."""
+    """What the cache needs from a corpus (see the module docstring). A source that can tell a split's size in bytes
+    without reading it also has ``nbytes(split)``, which gives the cache's progress bars a total."""
 
     def identity(self) -> str: ...
 
@@ -132,6 +133,9 @@ class StdlibSource:
     def setting(self, split: str) -> str:
         return f"data=stdlib ({split} split of {stdlib_dir()})"
 
+    def nbytes(self, split: str) -> int:
+        return sum(path.stat().st_size + 1 for relative, path in self.files() if split_of(relative) == split)
+
     def documents(self, split: str) -> Iterator[Piece]:
         """Every file is one document."""
         return ((True, text) for text in self.texts(split))
@@ -175,6 +179,9 @@ class TextFilesSource:
     def texts(self, split: str) -> Iterator[str]:
         return (text for _, text in self._blocks(split))
 
+    def nbytes(self, split: str) -> int:
+        return sum(path.stat().st_size for path in self._checked(split))
+
     def documents(self, split: str) -> Iterator[Piece]:
         """The files' blocks in order; the first block of each file begins a document (an empty file yields one
         empty piece, which the cache skips)."""
@@ -208,6 +215,10 @@ class SeparatedSource:
 
     def setting(self, split: str) -> str:
         return self.source.setting(split)
+
+    def nbytes(self, split: str) -> int | None:
+        nbytes = getattr(self.source, "nbytes", None)
+        return nbytes(split) if nbytes is not None else None
 
     def documents(self, split: str) -> Iterator[Piece]:
         matches = 0

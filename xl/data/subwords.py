@@ -1,5 +1,6 @@
-"""Byte-level subword tokenizers (BPE or Unigram through Hugging Face ``tokenizers``): fitted on the training split or
-read from a ``tokenizer.json``, ids ranked by training frequency, decoding exact byte for byte."""
+"""Byte-level subword tokenizers (BPE or Unigram through Hugging Face ``tokenizers``): fitted on the training split
+(ids then ranked by training frequency) or read from a ``tokenizer.json`` (ids then the file's), decoding exact byte
+for byte."""
 
 from __future__ import annotations
 
@@ -43,7 +44,6 @@ class SubwordTokenizer:
     model: ClassVar[str]  # the Hugging Face model type: "BPE" or "Unigram"
     trainer: ClassVar[str]  # its trainer in tokenizers.trainers
     unit: ClassVar[str] = "token"
-    ranked: ClassVar[bool] = True
 
     def __init__(self, vocab_size: int | None = None, special_tokens: Sequence[str] = (),
                  pre_tokenizer: str | None = None, file: str | Path | None = None) -> None:
@@ -123,12 +123,22 @@ class SubwordTokenizer:
         return self.hf
 
     @property
+    def from_file(self) -> bool:
+        """Read from ``data.tokenizer_file`` (nothing fitted, the file's ids), rather than fitted here."""
+        return "file_sha256" in self.settings
+
+    @property
+    def ranked(self) -> bool:
+        """Ids ordered by training frequency: a fitted vocabulary's are; a file's are the file's own."""
+        return not self.from_file
+
+    @property
     def vocab_size(self) -> int:
         return self.settings["vocab_size"] if self.hf is None else self.hf.get_vocab_size()
 
     def fit(self, texts: Iterable[str]) -> None:
         """Train on ``texts`` (a tokenizer read from a file has nothing to learn)."""
-        if "file_sha256" in self.settings:
+        if self.from_file:
             return
         tokenizer = hf.Tokenizer(getattr(hf.models, self.model)())
         byte_level = hf.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -143,7 +153,10 @@ class SubwordTokenizer:
 
     def rank_by_frequency(self, train_ids: np.ndarray) -> np.ndarray:
         """Renumber the ids by their count in ``train_ids`` (most frequent first, ties by id); returns the map
-        from the old ids to the new ones, to apply to ids already encoded."""
+        from the old ids to the new ones, to apply to ids already encoded. A file's ids stay as they are (the
+        identity map)."""
+        if self.from_file:
+            return np.arange(self.vocab_size)
         by_count = np.argsort(-np.bincount(train_ids, minlength=self.vocab_size), kind="stable")
         remap = np.empty_like(by_count)
         remap[by_count] = np.arange(len(by_count))
