@@ -1,4 +1,4 @@
-"""What each of two gloo ranks scores, with <unk> among the targets (tests/test_distributed.py)."""
+"""What each of two gloo ranks scores, with <unk> among the targets (tests/integration/test_distributed.py)."""
 
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ def compile_model(model: torch.nn.Module, mode: str | None = None, backend: str 
     torch 2.13 (CPU, inductor): with a warm AOTAutograd cache the compiled training graph of this model comes
     back with corrupt view shapes (a failure, or a crash, on every run after the first). torch's public switch,
     ``torch.compiler.config.force_disable_caches``, turns every compile cache off for the process, so each run
-    compiles afresh (tests/test_lit.py, run twice over a warm cache: correct both times).
+    compiles afresh (tests/unit/training/test_lit.py, run twice over a warm cache: correct both times).
     """
     torch.compiler.config.force_disable_caches = True
     model.compile(mode=mode, backend=backend)

@@ -10,22 +10,21 @@ The cache is exact: one tensor per layer holds that layer's input for the last `
   validation's stays allocated while training goes on;
 * parameters, gradients and AdamW's two moments: four copies of the weights;
 * activations kept for the backward pass of one training step. Per segment, with ``L`` the positions the layers
-  run over (the segment and any positions the memory adds: memory tokens) and ``K`` keys per query (the memory's
-  keys, ``mem_len + cmem_len`` for the cache, and ``L``), per layer: the attention probabilities and the position
-  scores, ``2 × B × H × L × K`` (one more with attention dropout, its mask); keys and values over memory ∘ segment,
-  ``2 × B × K × H × D``; content and position queries, ``2 × B × L × H × D``; the feed-forward hidden layer,
-  ``2 × B × L × d_inner``; six ``B × L × d_model`` tensors (layer input, attention output, norms, residual sums);
-  the memory's ``M`` states, ``B × M × d_model`` (twice with pre-LN), the input of their key/value projection;
-  and the output layer's log-probabilities, ``B × T × V`` over the segment's ``T`` tokens. With
-  ``memory.grad_segments`` k a step is a window of k segments whose graphs stay joined through the attached memory
-  until its backward, so k segments' worth is kept. Once per step, the backward's transients: one more
-  ``B × H × L × K`` for the gradient of one layer's scores, and ``B × T × V`` for the gradient of the
-  log-probabilities. With adaptive input and softmax, V is the head's ``cutoffs[0] + tail clusters`` plus the
-  widest tail cluster (each tail scores only the positions whose target falls in it: this is the worst case), and
-  each cluster adds ``B × T × d_model`` tensors for its lookup, projection and selected states.
-  tests/test_footprint.py measures what autograd saves with saved-tensor hooks, for one segment and through real
-  windows of 1, 2 and 4 segments: the estimate is at least that and at most 2.5 times it. Activations are counted
-  in float32 under the mixed precisions, an upper estimate.
+  run over (the segment and any positions the memory adds: memory tokens) and ``K`` keys per query (the memory's keys,
+  ``mem_len + cmem_len`` for the cache, and ``L``), per layer: the attention probabilities and the position scores, ``2
+  × B × H × L × K`` (one more with attention dropout, its mask); keys and values over memory ∘ segment, ``2 × B × K × H
+  × D``; content and position queries, ``2 × B × L × H × D``; the feed-forward hidden layer, ``2 × B × L × d_inner``;
+  six ``B × L × d_model`` tensors (layer input, attention output, norms, residual sums); the memory's ``M`` states, ``B
+  × M × d_model`` (twice with pre-LN), the input of their key/value projection; and the output layer's
+  log-probabilities, ``B × T × V`` over the segment's ``T`` tokens. With ``memory.grad_segments`` k a step is a window
+  of k segments whose graphs stay joined through the attached memory until its backward, so k segments' worth is kept.
+  Once per step, the backward's transients: one more ``B × H × L × K`` for the gradient of one layer's scores, and ``B ×
+  T × V`` for the gradient of the log-probabilities. With adaptive input and softmax, V is the head's ``cutoffs[0] +
+  tail clusters`` plus the widest tail cluster (each tail scores only the positions whose target falls in it: this is
+  the worst case), and each cluster adds ``B × T × d_model`` tensors for its lookup, projection and selected states.
+  tests/unit/training/test_footprint.py measures what autograd saves with saved-tensor hooks, for one segment and
+  through real windows of 1, 2 and 4 segments: the estimate is at least that and at most 2.5 times it. Activations are
+  counted in float32 under the mixed precisions, an upper estimate.
 
 It leaves out the allocator's slack, the CUDA context and library workspaces, so a run estimated near the
 device's memory may still not fit: :func:`xl.config.rules.check_fits` warns above 80% and refuses above 100%.
