@@ -35,7 +35,7 @@ from torch import Tensor
 
 from xl.config.compose import command_line_keys, entry_point
 from xl.config.rules import check_evaluate_config
-from xl.memory import packed_size
+from xl.memory.store import packed_size
 from xl.model.adaptive import widen
 from xl.model.documents import MODES, Documents, DocumentStats, split_batch, summary, target_bytes
 from xl.model.transformer import TransformerXL

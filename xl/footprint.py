@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from xl.model.transformer import XLConfig, count_parameters
+from xl.model.config import XLConfig
+from xl.model.transformer import count_parameters
 from xl.training.footprint import (
     CacheFootprint,
     MiB,
@@ -27,7 +28,7 @@ def format_table(rows: list[CacheFootprint], params: list[int | None] | None = N
         header += f" {'params':>12}"
     lines = [header, "-" * len(header)]
     for i, r in enumerate(rows):
-        slots = f"{r.mem_len}m+{r.cmem_len}c" if r.cmem_len else f"{r.mem_len}m"
+        slots = f"{r.mem_len}m+{r.slots}s" if r.slots else f"{r.mem_len}m"
         name = f"{slots} × {r.d_model}d × {r.n_layer}L × {r.batch_size}b {str(r.dtype).removeprefix('torch.')}"
         line = f"{name:<32} {r.elements:>14,} {r.mib:>10.1f} {r.gib:>7.2f}"
         if params is not None:
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", nargs="*", metavar="KEY=VALUE",
                         help="estimate the run of `python train.py KEY=VALUE ...` (the estimate train.py checks)")
     parser.add_argument("--mem-len", type=int)
-    parser.add_argument("--cmem-len", type=int, default=0, help="compressed memory slots per layer (Rae et al., 2019)")
+    parser.add_argument("--slots", type=int, default=0,
+                        help="vectors per layer a memory keeps beyond mem_len (compressed slots, Rae et al., 2019)")
     parser.add_argument("--d-model", type=int)
     parser.add_argument("--n-layer", type=int)
     parser.add_argument("--batch", type=int, default=1)
@@ -88,9 +90,9 @@ def main(argv: list[str] | None = None) -> None:
     params: list[Any] | None = None
     if None not in (args.n_head, args.d_head, args.d_inner, args.vocab):
         cfg = XLConfig(vocab_size=args.vocab, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
-                       d_head=args.d_head, d_inner=args.d_inner, mem_len=args.mem_len, cmem_len=args.cmem_len)
+                       d_head=args.d_head, d_inner=args.d_inner, mem_len=args.mem_len)
         params = [count_parameters(cfg)] + [None] * (len(dtypes) - 1)
-    print(format_table([cache_footprint(*shape, args.batch, dtype, args.cmem_len) for dtype in dtypes], params))
+    print(format_table([cache_footprint(*shape, args.batch, dtype, args.slots) for dtype in dtypes], params))
     if params is not None and args.tgt_len:
         per = segment_activation_bytes(cfg, args.batch, args.tgt_len) / MiB
         k = args.grad_segments

@@ -23,7 +23,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.config.compose import ConfigError, entry_point, exit_on_user_error
+from xl.config.compose import entry_point, exit_on_user_error
+from xl.config.rules import ConfigError
 from xl.training.build import build_run
 from xl.training.console import errors_logged, quiet_wandb, quiet_warnings
 from xl.training.runs import continue_run, wandb_id

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from tests.helpers.memories import xl_config
 from xl.bench.compressive import filled_decoder, main, memories
 from xl.bench.shared import CONFIG_S
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 from xl.training.footprint import cache_footprint
 
 
@@ -17,7 +19,7 @@ def test_the_compressive_memory_has_the_cache_of_the_first_and_the_mem_len_of_th
 
 
 def test_decoding_is_timed_against_full_memories():
-    model = TransformerXL(XLConfig(**{**CONFIG_S, "n_layer": 1, "mem_len": 8, "cmem_len": 4, "cmem_rate": 2})).eval()
+    model = TransformerXL(xl_config(**{**CONFIG_S, "n_layer": 1, "mem_len": 8, "cmem_len": 4, "cmem_rate": 2})).eval()
     decoder = filled_decoder(model, 2)
     assert decoder.slots == 4 and decoder.end - decoder.start == 8
     plain = filled_decoder(TransformerXL(XLConfig(**{**CONFIG_S, "n_layer": 1, "mem_len": 8})).eval(), 2)

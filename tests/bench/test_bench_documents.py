@@ -6,7 +6,8 @@ import torch
 
 from xl.bench.documents import DocumentRunner, main
 from xl.bench.runner import token_stream
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 
 
 def test_boundaries_reach_the_model_every_segment_and_far_ones_use_the_plain_mask():

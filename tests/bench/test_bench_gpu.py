@@ -10,7 +10,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from xl.bench.gpu import experiment_shape, main, model_flops
 from xl.bench.shared import CONFIG_S
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 
 
 @pytest.mark.parametrize("mem_len", [0, 24])

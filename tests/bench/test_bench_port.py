@@ -11,7 +11,8 @@ import torch
 
 from xl.bench.port import PortRunner, interleaved, main
 from xl.bench.runner import SegmentRunner, token_stream
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 
 TINY = XLConfig(vocab_size=32, n_layer=1, n_head=2, d_model=16, d_head=8, d_inner=32, mem_len=8, dropout=0.1)
 

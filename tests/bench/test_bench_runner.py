@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from tests.conftest import compose_config, tiny_overrides
 from xl.bench.runner import SegmentRunner
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 from xl.training.build import build_run
 
 STEPS = 8

@@ -35,7 +35,8 @@ from torch import Tensor
 from xl.bench.gpu import measure, peak_tflops
 from xl.config.compose import compose
 from xl.generate import generate
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 from xl.training.build import build_run
 
 CLIP_SLACK = 1e-3  # relative: clip_grad_norm_ scales to clip / (norm + 1e-6), a hair under the clip value
@@ -302,7 +303,7 @@ def check_compressive(ctx: Context) -> Result:
     model = run.module.model.eval()
     mem = model.config
     decoder = model.decoder(2)
-    text = torch.randint(0, mem.vocab_size, (2, 3 * (mem.mem_len + mem.cmem_rate * mem.cmem_len)),
+    text = torch.randint(0, mem.vocab_size, (2, 3 * (mem.mem_len + mem.memory.cmem_rate * mem.memory.cmem_len)),
                          generator=torch.Generator().manual_seed(2)).to(model.device)
     logits = decoder.prefill(text[:, :32], seg_len=16)
     for t in range(32, text.size(1)):
@@ -315,7 +316,7 @@ def check_compressive(ctx: Context) -> Result:
         problems.append("a non-finite loss or reconstruction loss, or a missing step")
     if not learned > 0:
         problems.append("the compressor did not learn")
-    if decoder.slots != mem.cmem_len or not logits.isfinite().all():
+    if decoder.slots != mem.memory.cmem_len or not logits.isfinite().all():
         problems.append("the decoder's compressed memory is not full or its logits are not finite")
     return Result("FAIL" if problems else "PASS", "; ".join(problems + [detail]))
 

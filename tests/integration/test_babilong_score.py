@@ -16,7 +16,8 @@ from xl import train
 from xl.babilong import score
 from xl.babilong.score import Reader
 from xl.data.tokenizers import make_tokenizer
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 
 PROMPTS = ["Mary went to the kitchen.\nQuestion: Where is Mary?\n", "Question: Where?\n",
            "John moved to the garden. Mary moved to the office. John went back to the hallway.\n"

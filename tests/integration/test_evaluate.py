@@ -14,7 +14,8 @@ from omegaconf import DictConfig
 import xl.evaluate
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
 from xl.evaluate import eval_context, evaluate, vanilla_nll
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 from xl.training.build import ConfigError, build_run
 from xl.training.checkpoint import Checkpoint, CheckpointError
 

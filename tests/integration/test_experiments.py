@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import CONF_DIR, compose_config
-from xl.model.transformer import XLConfig, count_parameters
+from xl.model.config import XLConfig
+from xl.model.transformer import count_parameters
 from xl.training.build import check_settings, model_config
 
 WT103_VOCAB = 267_735  # words of the WikiText-103 training split, with <eos> (Dai et al., 2019)
@@ -66,6 +67,6 @@ def test_enwik8_compressive_is_enwik8_large_with_the_papers_memories():
     plain = XLConfig.from_dict(model_config(compose_config("experiment=enwik8_large"), 256))
     main = count_parameters(plain)
     assert abs(main - 277e6) / 277e6 < 0.03
-    compressor = config.n_layer * (config.cmem_rate * config.d_model**2 + config.d_model)
+    compressor = config.n_layer * (config.memory.cmem_rate * config.d_model**2 + config.d_model)
     assert count_parameters(config) == main + compressor == main + 75_522_048
 

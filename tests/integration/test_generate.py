@@ -15,7 +15,8 @@ from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from tests.helpers.paths import FIXTURES, ROOT
 from xl.data.words import WordTokenizer
 from xl.generate import generate, main, sample
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 from xl.training.build import build_run
 from xl.training.checkpoint import Checkpoint, CheckpointError
 

@@ -84,4 +84,4 @@ def test_the_probe_trains_with_the_users_memory_settings(tmp_path):
     assert (cfg.data.source.gap, cfg.memory.mem_len, cfg.memory.num_tokens, cfg.memory.grad_segments) == (400, 32, 4, 2)
     assert probe_config(32, 64, [4], 10, tmp_path).data.source.gap == 2 * 64 + 32  # beyond a relayed reach
     module = build_run(cfg).module
-    assert module.grad_segments == 2 and module.config.num_tokens == 4 and module.config.mem_len == 32
+    assert module.grad_segments == 2 and module.config.memory.num_tokens == 4 and module.config.mem_len == 32

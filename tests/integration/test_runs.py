@@ -14,7 +14,7 @@ import xl.generate
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from tests.integration.test_evaluate import compose_eval
 from xl import train
-from xl.config.compose import ConfigError
+from xl.config.rules import ConfigError
 from xl.data.tokenizers import fingerprint
 from xl.training.build import build_run
 from xl.training.checkpoint import Checkpoint

@@ -19,6 +19,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from xl.memory import settings
+from xl.memory.settings import describe
 from xl.training.build import run_identity
 from xl.training.callbacks import write_json
 from xl.training.console import quiet_wandb
@@ -69,7 +71,7 @@ def record(cfg: DictConfig, run: Any, context: dict[str, Any], decoding: str, ba
     return {
         "ckpt": str(run.checkpoint.path.resolve()), "step": run.checkpoint.global_step,
         "run": str(run.folder.resolve()) if run.folder else None, "mem_len": model["mem_len"],
-        "cmem_len": model.get("cmem_len", 0), "num_tokens": model.get("num_tokens", 0), "window": context["window"],
+        "memory": describe(settings.from_dict(model.get("memory"))), "window": context["window"],
         "clamp_len": context["clamp_len"], "same_length": context["same_length"], "decoding": decoding,
         "background": background, "samples": cfg.samples, "seed": cfg.seed, "tasks": tasks, "lengths": lengths,
         "accuracy": accuracy, "mean": mean, "cells": [c.to_dict() for c in cells],

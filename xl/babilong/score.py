@@ -35,8 +35,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from xl.babilong.report import HEATMAP, Cell, log_results, record, table, write_results
 from xl.config.bounds import Bound, one_of, optional, setting
-from xl.config.compose import ConfigError, entry_point
-from xl.config.rules import check_bounds
+from xl.config.compose import entry_point
+from xl.config.rules import ConfigError, check_bounds
 from xl.config.schema import COUNT, POSITIVE, PathsSchema
 from xl.data.babilong.answers import is_correct
 from xl.data.babilong.background import Sentences

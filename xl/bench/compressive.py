@@ -17,22 +17,26 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S, cpu_model, interleaved_rates, report_ratios
+from xl.memory.compressive import CompressiveConfig
+from xl.model.config import XLConfig
 from xl.model.decoding import IncrementalDecoder
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.transformer import TransformerXL
 
 MODES = ("train", "eval", "decode")
 
 
-def memories(mem_len: int, rate: int) -> dict[str, dict[str, int]]:
+def memories(mem_len: int, rate: int) -> dict[str, dict[str, Any]]:
     """The three memories compared (see the module docstring), as config overrides."""
     half = mem_len // 2
     return {f"plain {mem_len}": {"mem_len": mem_len},
-            f"compressive {half}+{half}c x{rate}": {"mem_len": half, "cmem_len": half, "cmem_rate": rate},
+            f"compressive {half}+{half}c x{rate}": {"mem_len": half,
+                                                    "memory": CompressiveConfig(cmem_len=half, cmem_rate=rate)},
             f"plain {half}": {"mem_len": half}}
 
 

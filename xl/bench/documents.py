@@ -16,8 +16,9 @@ from torch import Tensor
 
 from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S, interleaved_rates, report_ratios
+from xl.model.config import XLConfig
 from xl.model.documents import Documents
-from xl.model.transformer import TransformerXL, XLConfig, XLOutput
+from xl.model.transformer import TransformerXL, XLOutput
 
 CONDITIONS = ("none", "far", "boundaries")
 

@@ -24,7 +24,8 @@ import torch
 from xl.bench.runner import SegmentRunner, one_token_decoder
 from xl.bench.shared import CONFIG_S, cpu_model, median_rate
 from xl.evaluate import vanilla_nll
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 
 
 def xl_seconds_per_token(model: TransformerXL, attn_len: int, tgt_len: int, batch: int, repeats: int) -> float:

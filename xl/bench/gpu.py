@@ -18,7 +18,8 @@ import torch
 from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S
 from xl.config.compose import compose
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "32-true": None}  # precision → autocast dtype
 CLIP = 0.25  # trainer.gradient_clip_val, the paper's clipping

@@ -27,7 +27,8 @@ from xl.bench.shared import CONFIG_S, cpu_model, interleaved_rates
 from xl.memory.knn import store
 from xl.memory.knn.attention import default_layers, gated_retrieval, initial_scale
 from xl.memory.knn.search import Workspace, exact_topk, faiss_topk, gather
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 
 PARTS = ("segment", "crossover")
 

@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from xl.bench.runner import SegmentRunner, one_token_decoder, token_stream
 from xl.bench.shared import CONFIG_S, cpu_model
-from xl.model.transformer import TransformerXL, XLConfig, XLOutput
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL, XLOutput
 
 PORT_INSTALL = ('python -m venv --system-site-packages /tmp/port && /tmp/port/bin/pip install --no-deps '
                 '"transformers==4.30.2" safetensors regex "tokenizers==0.13.3"')

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from xl.model.transformer import TransformerXL, XLConfig, XLOutput
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL, XLOutput
 
 
 def token_stream(cfg: XLConfig, batch: int, tgt_len: int, n_segments: int, seed: int = 0) -> Tensor:

@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S, cpu_model, interleaved_rates, report_ratios
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.memory.tokens import TokensConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 
 MODES = ("train", "eval")
 
 
-def memories(mem_len: int, num_tokens: int, tgt_len: int) -> dict[str, dict[str, int]]:
+def memories(mem_len: int, num_tokens: int, tgt_len: int) -> dict[str, dict[str, Any]]:
     """The three memories compared (see the module docstring), as config overrides."""
-    tokens = {"num_tokens": num_tokens, "tokens_seg_len": tgt_len}
+    tokens = {"memory": TokensConfig(num_tokens=num_tokens, seg_len=tgt_len)}
     return {f"plain {mem_len}": {"mem_len": mem_len},
             f"{mem_len} + {num_tokens} tokens": {"mem_len": mem_len, **tokens},
             f"{num_tokens} tokens": {"mem_len": 0, **tokens}}

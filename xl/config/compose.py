@@ -21,54 +21,15 @@ from hydra import initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import CompactHydraException, InstantiationException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from xl.config.bounds import describe_type
-from xl.config.callback_schema import (
-    CALLBACKS,
-    LOGGERS,
-    CSVLoggerSchema,
-    JobSummarySchema,
-    LearningRateMonitorSchema,
-    ModelCheckpointSchema,
-    PreemptionSchema,
-    ProgressBarSchema,
-    TensorBoardSchema,
-    ThroughputMonitorSchema,
-    WandbSchema,
-)
 from xl.config.compose_errors import describe_error
 from xl.config.rules import ConfigError
-from xl.config.schema import (
-    OUTPUT_DIR,
-    SCHEMAS,
-    CompileSchema,
-    DataSchema,
-    EvalContextSchema,
-    EvaluateSchema,
-    FilesDataSchema,
-    GenerateSchema,
-    MemorySchema,
-    ModelSchema,
-    OptimSchema,
-    PathsSchema,
-    SourceDataSchema,
-    TrainerSchema,
-    TrainSchema,
-    register,
-)
+from xl.config.schema import register
+from xl.memory import settings
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-# Kept importable from here: the schema, its registration, and the sentence for a composition error.
-__all__ = ["CALLBACKS", "CONF_DIR", "LOGGERS", "OUTPUT_DIR", "SCHEMAS", "CSVLoggerSchema", "CompileSchema",
-           "ConfigError", "DataSchema", "EvalContextSchema", "EvaluateSchema", "FilesDataSchema", "GenerateSchema",
-           "JobSummarySchema", "LearningRateMonitorSchema", "MemorySchema", "ModelCheckpointSchema", "ModelSchema",
-           "OptimSchema", "PathsSchema", "PreemptionSchema", "ProgressBarSchema", "SourceDataSchema",
-           "TensorBoardSchema", "ThroughputMonitorSchema", "TrainSchema", "TrainerSchema", "WandbSchema",
-           "check_complete", "command_line_keys", "compose", "describe_error", "describe_type", "entry_point",
-           "exit_on_user_error", "register", "user_errors"]
-
 
 def check_complete(cfg: DictConfig) -> None:
     """Refuse a config with an interpolation that cannot be resolved, or required keys left unset (``???``)."""
@@ -86,11 +47,25 @@ def check_complete(cfg: DictConfig) -> None:
 
 def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """``conf/<config_name>.yaml`` with ``overrides``, or :class:`ConfigError` in one sentence."""
+    register()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return hydra_compose(config_name, overrides=list(overrides))
+            cfg = hydra_compose(config_name, overrides=list(overrides))
     except (CompactHydraException, OmegaConfBaseException) as err:
         raise ConfigError(describe_error(err)) from None
+    type_memory(cfg)
+    return cfg
+
+
+def type_memory(cfg: DictConfig) -> None:
+    """Type a training config's ``memory`` node by its variant (:func:`xl.memory.settings.typed`), or refuse a key or
+    value of the wrong kind in one sentence."""
+    if "memory" in cfg and "_target_" in cfg.memory:
+        try:
+            with open_dict(cfg):
+                cfg.memory = settings.typed(cfg.memory)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def command_line_keys() -> set[str] | None:
@@ -137,6 +112,7 @@ def entry_point(config_name: str) -> Callable[[Callable[[DictConfig], T]], Calla
         @functools.wraps(task)
         def job(cfg: DictConfig) -> T:
             with exit_on_user_error():
+                type_memory(cfg)
                 check_complete(cfg)
                 try:
                     return task(cfg)
@@ -144,6 +120,7 @@ def entry_point(config_name: str) -> Callable[[Callable[[DictConfig], T]], Calla
                     err.raised_by_job = True  # a failure of the command, not of composition: keep its traceback
                     raise
 
+        register()
         hydra_main = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)(job)
 
         @functools.wraps(task)

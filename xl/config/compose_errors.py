@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
 from hydra.errors import MissingConfigException, OverrideParseException
@@ -32,6 +33,13 @@ def expected_type(schema: Any, key: str) -> str | None:
     if not dataclasses.is_dataclass(schema) or name not in {f.name for f in dataclasses.fields(schema)}:
         return None
     return describe_type(get_type_hints(schema)[name])
+
+
+def memory_options_with(name: str) -> list[str]:
+    """The options of the ``memory`` group (``conf/memory/*.yaml``) whose file sets ``name``."""
+    folder = Path(__file__).resolve().parents[2] / "conf" / "memory"
+    return sorted(p.stem for p in folder.glob("*.yaml")
+                  if re.search(rf"^{re.escape(name)}:", p.read_text(encoding="utf-8"), re.M))
 
 
 def settings_of(schema: Any) -> list[str]:
@@ -62,12 +70,21 @@ def describe_error(err: BaseException) -> str:
     source = re.search(r"In '([^']+)'", str(err))  # Hydra names the config file in its message only
     where = f" (in conf/{source.group(1)}.yaml)" if source else ""
     if key and isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        node = getattr(cause, "parent_node", None)
+        if schema is dict and key.startswith("memory.") and node is not None:  # typed by its variant after composing
+            schema = None
+            options = [name for name in node if not str(name).startswith("_")]
+        else:
+            options = settings_of(schema)
         if schema is dict:  # a plain mapping (a field typed Any, such as data.tokenizer_kwargs) takes new keys, with +
             added = re.search(r"use \+(\S+)", text)  # the override as given, from Hydra's message
             return (f"{key} is not in the config yet; add it with a + in front, "
                     f"+{added.group(1) if added else key + '=...'} (Hydra's prefix for a new key)")
         parent, _, name = key.rpartition(".")
-        options = settings_of(schema)
+        owners = memory_options_with(name) if parent == "memory" else []
+        if owners:
+            return (f"{key} is not a setting of this memory but of {' and '.join(f'memory={o}' for o in owners)}; "
+                    f"add {' or '.join(f'memory={o}' for o in owners)} to the command line")
         close = difflib.get_close_matches(name, options, n=1)
         hint = (f"; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else
                 f"; {parent or 'the top level'} has {', '.join(options)}" if options else "")

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from omegaconf import OmegaConf
+
 from xl.config.bounds import bound_of, describe_type, help_of
 from xl.config.callback_schema import CALLBACKS, LOGGERS
 from xl.config.schema import (
@@ -19,6 +21,7 @@ from xl.config.schema import (
     SourceDataSchema,
     TrainSchema,
 )
+from xl.memory.settings import MemorySettings, config_class
 
 BEGIN, END = "<!-- BEGIN GENERATED: python -m xl.config.reference -->", "<!-- END GENERATED -->"
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -48,7 +51,7 @@ def rows(schema: type, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
     hints = get_type_hints(schema)
     lines = []
     for f in dataclasses.fields(schema):
-        if f.name.startswith("_") or f.name in skip or dataclasses.is_dataclass(hints[f.name]):
+        if f.name.startswith("_") or f.name in skip or "from" in f.metadata or dataclasses.is_dataclass(hints[f.name]):
             continue
         bound = bound_of(f)
         allowed = bound.says if bound else ""
@@ -69,14 +72,33 @@ def table(title: str, schema: type, prefix: str, note: str = "", skip: tuple[str
                    *rows(schema, prefix, skip), ""]
 
 
+def variant_tables() -> list[str]:
+    """One table per memory variant that an option of ``conf/memory/`` names: its own settings."""
+    lines, seen = [], set()
+    for path in sorted((CONF_DIR / "memory").glob("*.yaml")):
+        target = OmegaConf.load(path).get("_target_")
+        if target is None or target in seen:
+            continue
+        seen.add(target)
+        variant = config_class(target)
+        named = [p.stem for p in sorted((CONF_DIR / "memory").glob("*.yaml"))
+                 if OmegaConf.load(p).get("_target_") == target]
+        note = f"`_target_: {target}` ({', '.join(f'`memory={n}`' for n in named)}). {variant.__doc__.splitlines()[0]}"
+        if variant.user_fields():
+            lines += table(f"`memory` of the {variant.name} memory", variant, "memory.", note)
+    return lines
+
+
 def reference() -> str:
     """Every group and key of ``python train.py``, ``python -m xl.evaluate`` and ``python -m xl.generate``, from the
     schema."""
     lines: list[str] = []
     for group in ("model", "memory", "optim", "trainer"):
-        schema = SCHEMAS[f"{group}_schema"]
-        summary = schema.__doc__.splitlines()[0]
+        schema = MemorySettings if group == "memory" else SCHEMAS[f"{group}_schema"]
+        summary = " ".join(schema.__doc__.split()) if group == "memory" else schema.__doc__.splitlines()[0]
         lines += table(f"`{group}`", schema, f"{group}.", f"Options: {options(group)}. {summary}")
+        if group == "memory":
+            lines += variant_tables()
     lines += table("`data` (every data option)", SourceDataSchema, "data.",
                    f"Options: {options('data')}. Sources other than local files take `data.source`.")
     lines += table("`data=text` (local files)", FilesDataSchema, "data.",

@@ -23,6 +23,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.bounds import bound_of, is_int, shown
 from xl.config.trainer_rules import check_trainer
+from xl.memory import settings
+from xl.memory.settings import MEM_DTYPE_NAMES, MemoryConfig
 from xl.training import cpu
 from xl.training.headroom import NAMES, SETTINGS, GiB, verdict
 
@@ -31,12 +33,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MEM_DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the memory cache's storage precisions (XLConfig.mem_dtype)
-DOC_BOUNDARIES = ("reset", "ignore")
 # Where each XLConfig field is set in a composed config (the rest are model.X; vocab_size comes from the data).
 GROUP_OF_FIELD = {"mem_len": "memory", "clamp_len": "memory", "same_length": "memory", "mem_dtype": "memory",
-                  "cmem_len": "memory", "cmem_rate": "memory", "cmem_fn": "memory", "vocab_size": "data",
-                  "num_tokens": "memory"}
+                  "vocab_size": "data"}
 
 
 class ConfigError(ValueError):
@@ -76,8 +75,9 @@ def check_model(c: Any, key: Callable[[str], str] = xlconfig_key, fitted: bool =
     check_adaptive(c, None if fitted else cutoffs, key)
     if c.mem_dtype not in MEM_DTYPE_NAMES:
         raise ValueError(f"{key('mem_dtype')} must be one of {sorted(MEM_DTYPE_NAMES)}, got {c.mem_dtype!r}")
-    check_compressive(c.cmem_len, c.cmem_rate, c.cmem_fn, c.same_length, key)
-    check_tokens(c.num_tokens, c.tokens_seg_len, c.cmem_len, c.same_length, key)
+    memory = getattr(c, "memory", None)
+    if isinstance(memory, MemoryConfig):
+        memory.check_context(c.same_length)
 
 
 def check_adaptive(c: Any, cutoffs: list[int] | None, key: Callable[[str], str] = xlconfig_key) -> None:
@@ -112,52 +112,12 @@ def check_context(mem_len: int, clamp_len: int, same_length: bool) -> None:
         raise ValueError("same_length=True needs mem_len > 0: the attention window is mem_len keys wide")
 
 
-def check_compressive(cmem_len: int, cmem_rate: int, cmem_fn: str, same_length: bool,
-                      key: Callable[[str], str] = xlconfig_key) -> None:
-    """The compressed memory's settings (also against an evaluation's same_length)."""
-    if not is_int(cmem_len) or cmem_len < 0:
-        raise ValueError(f"{key('cmem_len')} must be an integer >= 0, got {cmem_len!r}")
-    if not is_int(cmem_rate) or cmem_rate < 1:
-        raise ValueError(f"{key('cmem_rate')} must be an integer >= 1, got {cmem_rate!r}")
-    from xl.memory.compressor import COMPRESSION_FNS  # the memory package imports the model, which imports this
-
-    if cmem_fn not in COMPRESSION_FNS:
-        raise ValueError(f"{key('cmem_fn')} must be one of {', '.join(COMPRESSION_FNS)}, got {cmem_fn!r}")
-    if cmem_len and same_length:
-        raise ValueError("same_length=True hides the compressed memory (its window is mem_len keys wide); "
-                         f"set same_length=false with {key('cmem_len')} > 0")
-
-
-def check_tokens(num_tokens: int, tokens_seg_len: int, cmem_len: int, same_length: bool,
-                 key: Callable[[str], str] = xlconfig_key) -> None:
-    """Memory tokens (:mod:`xl.memory.tokens`): a count, the segment length they are written at, on the plain cache."""
-    if not is_int(num_tokens) or num_tokens < 0:
-        raise ValueError(f"{key('num_tokens')} must be an integer >= 0, got {num_tokens!r}")
-    if not num_tokens:
-        return
-    if not is_int(tokens_seg_len) or tokens_seg_len < 1:
-        raise ValueError(f"{key('tokens_seg_len')} (the training segment length, between two writes of the memory "
-                         f"tokens) must be a positive integer with {key('num_tokens')} > 0, got {tokens_seg_len!r}")
-    if cmem_len:
-        raise ValueError(f"memory tokens ride on the plain Transformer-XL cache, not on a compressed memory; set "
-                         f"{key('cmem_len')}=0 or {key('num_tokens')}=0")
-    if same_length:
-        raise ValueError("same_length counts a window of keys that the memory tokens would break up; set "
-                         f"same_length=false with {key('num_tokens')} > 0")
-
-
-def check_grad_segments(grad_segments: Any, mem_len: int, cmem_len: int = 0, num_tokens: int = 0) -> None:
-    """Windows of k segments: a positive integer, a memory to carry the gradient (the cache or memory tokens), and
-    no compressed memory."""
+def check_grad_segments(grad_segments: Any) -> None:
+    """Windows of k segments: a positive integer (what carries the gradient is the memory's rule,
+    :meth:`xl.memory.settings.MemoryConfig.check_window`)."""
     if not is_int(grad_segments) or grad_segments < 1:
         raise ValueError(f"memory.grad_segments must be a positive integer (1: stop the gradient at every segment, "
                          f"as Transformer-XL does), got {grad_segments!r}")
-    if grad_segments > 1 and mem_len == 0 and not num_tokens:
-        raise ValueError(f"memory.grad_segments={grad_segments} needs memory.mem_len > 0 or memory.num_tokens > 0: "
-                         "without a memory no gradient crosses segments")
-    if grad_segments > 1 and cmem_len:
-        raise ValueError("the compressed memory is always detached, so gradients cannot cross segments "
-                         "through it; set memory.grad_segments=1 with memory.cmem_len > 0")
 
 
 def check_optim(lr: float, warmup_steps: int, min_lr_ratio: float) -> None:
@@ -194,8 +154,9 @@ def check_bounds(cfg: DictConfig) -> None:
 
 
 def check_added_keys(cfg: DictConfig) -> None:
-    """Keys added with ``+`` to a group that takes only its schema's (model, memory, optim)."""
-    for group in ("model", "memory", "optim"):
+    """Keys added with ``+`` to a group that takes only its schema's (model, optim; the memory's are its variant's,
+    :func:`xl.memory.settings.typed`)."""
+    for group in ("model", "optim"):
         node = cfg[group]
         known = [f.name for f in dataclasses.fields(OmegaConf.get_type(node))]
         for name in node:
@@ -203,9 +164,10 @@ def check_added_keys(cfg: DictConfig) -> None:
                 raise ConfigError(f"{group}.{name} is not a setting; {group} has {', '.join(known)}")
 
 
-def check_memory(memory: DictConfig) -> None:
-    """same_length needs a memory: the attention window is mem_len keys wide (in training and in evaluation); it
-    would hide a compressed memory."""
+def check_memory(cfg: DictConfig) -> None:
+    """The shared context, then the variant's own rules against it (:class:`xl.memory.settings.MemoryConfig`):
+    same_length needs a memory (the attention window is mem_len keys wide, in training and in evaluation)."""
+    memory = cfg.memory
     if memory.same_length and memory.mem_len == 0:
         raise ConfigError("memory.same_length=True needs mem_len > 0 (the window is memory.mem_len keys wide); "
                           "set memory.mem_len or memory.same_length=false")
@@ -214,30 +176,16 @@ def check_memory(memory: DictConfig) -> None:
     if eval_same and eval_mem_len == 0:
         raise ConfigError("same_length in evaluation needs an evaluation memory, but memory.eval_mem_len is 0; "
                           "set memory.eval_mem_len > 0 or memory.eval_same_length=false")
-    if memory.cmem_len and eval_same:
-        raise ConfigError("same_length (in training or evaluation) would hide the compressed memory; "
-                          "set memory.same_length=false and memory.eval_same_length=false with memory.cmem_len > 0")
-    if memory.num_tokens and (memory.same_length or eval_same):
-        raise ConfigError("same_length (in training or evaluation) counts a window of keys that the memory tokens "
-                          "would break up; set memory.same_length=false and memory.eval_same_length=false with "
-                          "memory.num_tokens > 0")
-
-
-def check_compression_rate(cfg: DictConfig) -> None:
-    """Once the memory is full each segment evicts its length in states, and the memory's own length decides where
-    the groups fall: a rate that divides the segment and the memory compresses whole groups (a partial group would be
-    padded, :mod:`xl.memory.compressor`)."""
-    memory = cfg.memory
-    if not memory.cmem_len:
-        return
-    rate = memory.cmem_rate
-    for key in ("data.tgt_len", "data.eval_tgt_len", "memory.mem_len", "memory.eval_mem_len"):
-        length = OmegaConf.select(cfg, key)
-        if length is not None and length % rate:
-            what = "each segment evicts that many states" if key.startswith("data.") else \
-                "the memory holds that many states"
-            raise ConfigError(f"memory.cmem_rate={rate} must divide {key}={length} ({what}, compressed in groups "
-                              f"of cmem_rate); change either")
+    lengths = {key: OmegaConf.select(cfg, key) for key in ("data.tgt_len", "data.eval_tgt_len", "memory.mem_len",
+                                                          "memory.eval_mem_len")}
+    try:
+        check_grad_segments(memory.grad_segments)
+        variant = settings.variant_config(memory, cfg)
+        variant.check_context(memory.same_length or bool(eval_same))
+        variant.check_window(memory.grad_segments, memory.mem_len)
+        variant.check_lengths({key: length for key, length in lengths.items() if length is not None})
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def model_values(cfg: DictConfig, vocab_size: int, fitted_cutoffs: list[int] | None = None) -> dict[str, Any]:
@@ -248,16 +196,16 @@ def model_values(cfg: DictConfig, vocab_size: int, fitted_cutoffs: list[int] | N
         model["cutoffs"] = fitted_cutoffs or []
     memory = cfg.memory
     return {**model, "vocab_size": vocab_size, "mem_len": memory.mem_len, "clamp_len": memory.clamp_len,
-            "same_length": memory.same_length, "mem_dtype": memory.mem_dtype, "cmem_len": memory.cmem_len,
-            "cmem_rate": memory.cmem_rate, "cmem_fn": memory.cmem_fn, "num_tokens": memory.num_tokens,
-            "tokens_seg_len": cfg.data.tgt_len if memory.num_tokens else 0}
+            "same_length": memory.same_length, "mem_dtype": memory.mem_dtype,
+            "memory": settings.variant_config(memory, cfg).to_dict()}
 
 
 def check_model_settings(values: Mapping[str, Any], fitted: bool = False) -> None:
     """:func:`check_model` on a composed config's values, naming the keys as the user writes them; ``fitted``: the
     cutoffs are the data's, not known yet."""
     try:
-        check_model(SimpleNamespace(**values), key=config_key, fitted=fitted)
+        check_model(SimpleNamespace(**{**values, "memory": settings.from_dict(values.get("memory"))}), key=config_key,
+                    fitted=fitted)
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err)) from None
 
@@ -266,14 +214,16 @@ def check_config(cfg: DictConfig, vocabulary: Callable[[], int]) -> None:
     """Every rule of a training config that needs neither the corpus nor the device, one sentence for the first
     broken; ``vocabulary()``: the smallest vocabulary the data can give (the cutoffs are checked against it), asked
     once the data's own settings have passed."""
+    try:
+        with open_dict(cfg):
+            cfg.memory = settings.typed(cfg.memory)  # (done already where xl.config.compose composed it)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     check_added_keys(cfg)
     check_bounds(cfg)
-    memory = cfg.memory
-    check_memory(memory)
-    check_compression_rate(cfg)
+    check_memory(cfg)
     check_model_settings(model_values(cfg, vocabulary()), fitted=cfg.model.get("cutoffs") is None)
     try:
-        check_grad_segments(memory.grad_segments, memory.mem_len, memory.cmem_len, memory.num_tokens)
         check_optim(cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
         check_trainer(cfg)
     except ValueError as err:
@@ -287,9 +237,10 @@ def check_evaluate_config(cfg: DictConfig, model: Mapping[str, Any] | None = Non
     check_bounds(cfg)
     if cfg.per_document and cfg.vanilla:
         raise ConfigError("per_document=true reports the cached evaluation; set vanilla=false")
-    if model is not None and cfg.vanilla and model.get("num_tokens"):
-        raise ConfigError("vanilla=true reads each window afresh, but this model's memory tokens are written segment "
-                          "by segment (memory.num_tokens > 0); set vanilla=false")
+    variant = settings.from_dict(model.get("memory")) if model is not None else None
+    if variant is not None and cfg.vanilla and not variant.reads_afresh:
+        raise ConfigError(f"vanilla=true reads each window afresh, but this model's {variant.name} memory is written "
+                          "segment by segment; set vanilla=false")
     if attn_len is not None and attn_len < 1:
         raise ConfigError(f"attn_len must be >= 1 for vanilla=true, got {attn_len}")
 

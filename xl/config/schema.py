@@ -21,11 +21,10 @@ from omegaconf import MISSING, OmegaConf
 
 from xl.config.bounds import Bound, above, at_least, between, is_int, is_number, one_of, optional, setting
 from xl.config.callback_schema import CALLBACKS, LOGGERS
-from xl.config.rules import DOC_BOUNDARIES, MEM_DTYPE_NAMES
 from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
 from xl.data.babilong.lengths import is_length
 from xl.data.babilong.tasks import TASKS as BABILONG_TASKS
-from xl.memory.compressor import COMPRESSION_FNS
+from xl.memory.settings import CLAMP_OR_NULL, DOC_BOUNDARIES, MemorySettings
 from xl.model.config import XLConfig
 
 OUTPUT_DIR = "${hydra:runtime.output_dir}"
@@ -49,8 +48,6 @@ def _devices(v: Any) -> bool:
 POSITIVE = at_least(1)
 COUNT = at_least(0)
 SIZE = Bound("a positive integer", lambda v: is_int(v) and v >= 1)
-CLAMP_OR_NULL = Bound("null, -1 (no clamping) or a positive integer",
-                      lambda v: v is None or v == -1 or (is_int(v) and v > 0))
 FLAGS = Bound("true, false or a list of them, one per cluster", lambda v: isinstance(v, bool) or (
     (OmegaConf.is_list(v) or isinstance(v, (list, tuple))) and all(isinstance(t, bool) for t in v)))
 
@@ -81,36 +78,6 @@ class ModelSchema:
                                   help="the adaptive input's first cluster's width; null: d_model")
     proj_all: bool = setting(XLConfig.proj_all, help="every cluster projected to d_model, also one already that wide "
                                                      "(the original Transformer-XL's layout)")
-
-
-@dataclass
-class MemorySchema:
-    """``memory``: the context of training, and of evaluation (``eval_*``: null takes the training value)."""
-
-    mem_len: int = setting(XLConfig.mem_len, bound=COUNT, help="positions of memory per layer; 0: none")
-    eval_mem_len: int | None = setting(None, bound=optional(COUNT), help="the memory length of evaluation")
-    clamp_len: int = setting(XLConfig.clamp_len, bound=Bound("-1 (no clamping) or a positive integer",
-                                                             lambda v: v == -1 or (is_int(v) and v > 0)),
-                             help="-1: off; else distances beyond it share one embedding")
-    eval_clamp_len: int | None = setting(None, bound=CLAMP_OR_NULL, help="the clamp length of evaluation")
-    same_length: bool = setting(XLConfig.same_length, help="every query attends over exactly mem_len keys")
-    eval_same_length: bool | None = setting(None, help="same_length in evaluation")
-    mem_dtype: str = setting(XLConfig.mem_dtype, bound=one_of(*sorted(MEM_DTYPE_NAMES)),
-                             help="the memory's storage: float32 (never rounded), bfloat16 or float16 (half the bytes)")
-    doc_boundaries: str = setting("reset", bound=one_of(*DOC_BOUNDARIES, words="reset or ignore"),
-                                  help="reset: a token sees only its own document; ignore: one endless text per row")
-    grad_segments: int = setting(1, bound=POSITIVE, help="k: gradients cross segments inside windows of k "
-                                                          "(1: Transformer-XL's stop-gradient); needs mem_len > 0")
-    cmem_len: int = setting(XLConfig.cmem_len, bound=COUNT,
-                            help="compressive memory (Rae et al., 2019): compressed slots per layer, attended before "
-                                 "the memory; 0: none")
-    cmem_rate: int = setting(XLConfig.cmem_rate, bound=POSITIVE,
-                             help="evicted states per compressed slot; divides data.tgt_len and memory.mem_len")
-    cmem_fn: str = setting(XLConfig.cmem_fn, bound=one_of(*COMPRESSION_FNS),
-                           help="mean (pooling, no weights) or conv (learned, attention-reconstruction loss)")
-    num_tokens: int = setting(XLConfig.num_tokens, bound=COUNT,
-                              help="memory tokens (Bulatov et al., 2022): read at each segment's start, written at its "
-                                   "end, over the cache; the layers run over data.tgt_len + 2 num_tokens positions")
 
 
 # ---- data ---------------------------------------------------------------------------------------------------------
@@ -246,7 +213,7 @@ class TrainSchema:
     """``conf/config.yaml`` (``python train.py``): the groups, and the run's own keys."""
 
     model: ModelSchema = setting(factory=ModelSchema)
-    memory: MemorySchema = setting(factory=MemorySchema)
+    memory: Any = setting(MISSING)  # typed by its variant (xl.memory.settings.typed)
     data: Any = setting(MISSING)
     optim: OptimSchema = setting(factory=OptimSchema)
     trainer: TrainerSchema = setting(factory=TrainerSchema)
@@ -340,7 +307,8 @@ class ExportSchema:
 # listed in ``--help``: each option file names its schema with an absolute path, ``/model_schema@_here_``.
 SCHEMAS: dict[str, Any] = {
     "model_schema": ModelSchema,
-    "memory_schema": MemorySchema,
+    # The shared context as a plain node: a variant's own keys follow it (xl.memory.settings types the whole).
+    "memory_schema": OmegaConf.to_container(OmegaConf.structured(MemorySettings)),
     "data_schema": SourceDataSchema,
     "data_files_schema": FilesDataSchema,
     "data_babilong_schema": BabilongDataSchema,
@@ -359,7 +327,7 @@ def register() -> None:
     """Store every schema in Hydra's ConfigStore (idempotent)."""
     store = ConfigStore.instance()
     for name, node in SCHEMAS.items():
-        if isinstance(node, dict):
+        if isinstance(node, dict) and all(isinstance(schema, type) for schema in node.values()):
             node = {key: OmegaConf.structured(schema) for key, schema in node.items()}
         store.store(name=name, node=node, provider="xl")
 

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 from xl.training.torch_errors import load_failure
 
 LAYER_NORM_EPS = 1e-5  # torch's default, which this project's layer norms use

@@ -41,7 +41,8 @@ from xl.hub.files import (
     tokenizer_files,
     write_atomic,
 )
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 from xl.training.checkpoint import Checkpoint
 from xl.training.run_folder import run_state, sha256, write_run_folder
 

@@ -25,7 +25,7 @@ from xl.data.subwords import SubwordTokenizer
 from xl.data.tokenizers import ByteTokenizer, CharTokenizer, Tokenizer, WordTokenizer, make_tokenizer
 from xl.data.words import vocabulary_json
 from xl.hub.access import HubError
-from xl.model.transformer import XLConfig
+from xl.model.config import XLConfig
 
 FORMAT, FORMAT_VERSION = "xl-pretrained", 1  # config.json's "format" and "format_version"
 CONFIG, WEIGHTS = "config.json", "model.safetensors"

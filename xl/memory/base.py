@@ -12,7 +12,7 @@ keys and values are carried from one segment to the next instead of being projec
 Variants that add positions of their own to the segment (memory tokens that a segment reads at its start and writes
 at its end) say so in :meth:`Memory.segment_inputs`, and take the outputs back out in :meth:`Memory.segment_outputs`.
 
-The rule by which states leave a memory, :func:`xl.memory.eviction.leaving` (importable from here too), is shared by
+The rule by which states leave a memory, :func:`xl.memory.eviction.leaving`, is shared by
 the forward pass and the one-token decoder (:mod:`xl.model.decoding`), so that both keep the same memory whatever the
 segment lengths.
 """
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from xl.memory.eviction import leaving  # noqa: F401 (the rule every variant uses)
 from xl.model.documents import Documents, document_mask, needs_mask
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from xl.memory.settings import MemoryConfig
     from xl.model.config import XLConfig
     from xl.model.transformer import TransformerXL
 
@@ -71,28 +71,24 @@ class Memory:
     """One memory variant. Subclasses define the state's layout and the update rule; the defaults serve memories that
     attend over their state as it is and add no positions to the segment."""
 
-    name = "memory"
-    # : Decoder geometry (:mod:`xl.model.decoding`): states that leave the window make ``rate`` to 1 slots, of which the
-    # newest
-    #: ``slot_len`` are kept before the window (0: states that leave are dropped).
+    #: Decoder geometry (:mod:`xl.model.decoding`): states that leave the window make ``rate`` to 1 slots, of which
+    #: the newest ``slot_len`` are kept before the window (0: states that leave are dropped).
     rate = 1
     slot_len = 0
 
     def __init__(self, config: XLConfig) -> None:
         self.config = config
+        self.settings: MemoryConfig = config.memory  # the variant's own settings, and its rules (check_context, ...)
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
 
     # ---- parameters and checks -----------------------------------------------------------------------------------
     def build(self) -> dict[str, nn.Module]:
         """Modules with the variant's own weights, registered on the model under these names after all its other
         modules (so that a seed gives the same main weights with any memory). Called once, by the model."""
         return {}
-
-    def check_context(self, same_length: bool) -> None:
-        """Refuse, in one sentence, an attention context this memory cannot serve (checked by every forward pass and
-        decoder)."""
-
-    def check_attached(self) -> None:
-        """Refuse keeping the memory in the graph (``memory.grad_segments`` > 1) if the variant cannot."""
 
     # ---- state -----------------------------------------------------------------------------------------------------
     def init(self, batch: int, device: torch.device, dtype: torch.dtype) -> list[Tensor]:

@@ -12,11 +12,18 @@ reaches it. State: one tensor [B, M, d] per layer, M ≤ mem_len.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
 from xl.memory.base import KV, Context, Memory, Update
 from xl.memory.eviction import leaving
+from xl.memory.settings import MemoryConfig
+
+if TYPE_CHECKING:
+    from xl.model.config import XLConfig
 
 
 def update_memory(
@@ -46,10 +53,18 @@ def update_memory_attached(
     return new
 
 
-class CacheMemory(Memory):
-    """The plain Transformer-XL memory: the cached layer inputs of the last ``mem_len`` positions."""
+@dataclass
+class CacheConfig(MemoryConfig):
+    """``memory=default`` (and ``short``, ``long``, ``none``): the cache has no settings beyond the shared context."""
 
     name = "cache"
+
+    def memory(self, config: XLConfig) -> CacheMemory:
+        return CacheMemory(config)
+
+
+class CacheMemory(Memory):
+    """The plain Transformer-XL memory: the cached layer inputs of the last ``mem_len`` positions."""
 
     def init(self, batch: int, device: torch.device, dtype: torch.dtype) -> list[Tensor]:
         d = self.config.d_model

@@ -4,62 +4,84 @@ Per layer, the states that leave the memory are compressed ``rate`` to 1 (:class
 a compressed memory of ``cmem_len`` slots, oldest dropped. A layer attends over ``compressed ∘ memory ∘ segment`` as
 over one longer key sequence, distances counted in slots.
 
-States leave in whole groups of ``rate`` (:func:`xl.memory.base.leaving`): those beyond ``mem_len`` are grouped oldest
-first, counted from the stream's start, and up to ``rate - 1`` of them wait in the memory, visible as ordinary
+States leave in whole groups of ``rate`` (:func:`xl.memory.eviction.leaving`): those beyond ``mem_len`` are grouped
+oldest first, counted from the stream's start, and up to ``rate - 1`` of them wait in the memory, visible as ordinary
 positions, until their group is complete. No group is ever padded, so the memory after any text is the same whatever
 segments it was read in, and the one-token decoder keeps exactly the forward pass's memory. With segments and a
 ``mem_len`` that the rate divides, the memory holds exactly ``mem_len`` states after each segment.
 
 State: per layer the compressed slots [B, C, d] (C ≤ cmem_len), then per layer the memory's states [B, S, d]
-(S < mem_len + rate). A state of one ``compressed ∘ memory`` tensor per layer (written by earlier versions, whose
-memory held at most ``mem_len`` states) is read as such (:func:`split_memory`).
+(S < mem_len + rate).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
+from xl.config.bounds import at_least, one_of, setting
 from xl.memory.base import KV, Context, Memory, Update
-from xl.memory.compressor import Compressor, reconstruction_loss
+from xl.memory.compressor import COMPRESSION_FNS, Compressor, reconstruction_loss
 from xl.memory.eviction import leaving
-from xl.model.config import XLConfig, check_compressive
+from xl.memory.settings import MemoryConfig
+
+if TYPE_CHECKING:
+    from xl.model.config import XLConfig
 
 
-def split_memory(mem: Tensor, mem_len: int, cmem_len: int) -> tuple[Tensor, Tensor]:
-    """``(compressed, memory)`` views of one layer's ``compressed ∘ memory`` tensor [B, C+M, d] whose memory holds at
-    most ``mem_len`` states (the single-tensor layout)."""
-    compressed = max(0, mem.size(1) - mem_len)
-    if compressed > cmem_len:
-        raise ValueError(f"a memory of {mem.size(1)} positions is longer than mem_len + cmem_len = "
-                         f"{mem_len} + {cmem_len}; reset the memory after changing either")
-    return mem[:, :compressed], mem[:, compressed:]
+@dataclass
+class CompressiveConfig(MemoryConfig):
+    """``memory=compressive``: compressed slots before the memory."""
+
+    cmem_len: int = setting(64, bound=at_least(1), help="compressed slots per layer, attended before the memory")
+    cmem_rate: int = setting(2, bound=at_least(1),
+                             help="evicted states per compressed slot; divides data.tgt_len and memory.mem_len")
+    cmem_fn: str = setting("conv", bound=one_of(*COMPRESSION_FNS),
+                           help="mean (pooling, no weights) or conv (learned, attention-reconstruction loss)")
+
+    name = "compressive"
+
+    def memory(self, config: XLConfig) -> CompressiveMemory:
+        return CompressiveMemory(config)
+
+    def check_context(self, same_length: bool) -> None:
+        if same_length:
+            raise ValueError("same_length would hide the compressed memory (its window is mem_len keys wide); set "
+                             "memory.same_length=false and memory.eval_same_length=false with memory=compressive")
+
+    def check_window(self, grad_segments: int, mem_len: int) -> None:
+        if grad_segments > 1:
+            raise ValueError("the compressed memory is always detached, so gradients cannot cross segments "
+                             "through it; set memory.grad_segments=1 with memory=compressive")
+
+    def check_lengths(self, lengths: dict[str, int]) -> None:
+        """Once the memory is full each segment evicts its length in states, and the memory's own length decides
+        where the groups fall: a rate that divides both compresses whole groups."""
+        for key, length in lengths.items():
+            if length % self.cmem_rate:
+                what = "each segment evicts that many states" if key.startswith("data.") else \
+                    "the memory holds that many states"
+                raise ValueError(f"memory.cmem_rate={self.cmem_rate} must divide {key}={length} ({what}, compressed "
+                                 "in groups of cmem_rate); change either")
 
 
 class CompressiveMemory(Memory):
     """Compressed slots before the Transformer-XL memory; the learned compressor's reconstruction loss as its own."""
 
-    name = "compressive"
-
     def __init__(self, config: XLConfig) -> None:
         super().__init__(config)
-        self.rate, self.slot_len = config.cmem_rate, config.cmem_len
+        self.settings: CompressiveConfig = config.memory
+        self.rate, self.slot_len = self.settings.cmem_rate, self.settings.cmem_len
         self.compressor: Compressor | None = None
 
     def build(self) -> dict[str, nn.Module]:
         cfg = self.config
-        self.compressor = Compressor(cfg.n_layer, cfg.d_model, cfg.cmem_rate, cfg.cmem_fn)
+        self.compressor = Compressor(cfg.n_layer, cfg.d_model, self.rate, self.settings.cmem_fn)
         return {"compressor": self.compressor}
-
-    def check_context(self, same_length: bool) -> None:
-        cfg = self.config
-        check_compressive(cfg.cmem_len, cfg.cmem_rate, cfg.cmem_fn, same_length)
-
-    def check_attached(self) -> None:
-        raise ValueError("the compressed memory is always detached, so gradients cannot cross segments through it; "
-                         "set memory.grad_segments=1 with memory.cmem_len > 0")
 
     def init(self, batch: int, device: torch.device, dtype: torch.dtype) -> list[Tensor]:
         d = self.config.d_model
@@ -67,9 +89,6 @@ class CompressiveMemory(Memory):
 
     def adopt(self, state: list[Tensor], batch: int, mem_len: int) -> list[Tensor]:
         n_layer, cmem_len = self.config.n_layer, self.slot_len
-        if len(state) == n_layer:  # one compressed ∘ memory tensor per layer
-            state = [part for m in state for part in split_memory(m, mem_len, cmem_len)]
-            state = state[0::2] + state[1::2]
         if len(state) != 2 * n_layer:
             raise ValueError(f"expected {2 * n_layer} memory tensors (the compressed slots, then the states, of each "
                              f"of {n_layer} layers), got {len(state)}")
@@ -100,7 +119,7 @@ class CompressiveMemory(Memory):
     def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
                attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV | None) -> Update:
         if attached:
-            self.check_attached()
+            self.settings.check_window(2, mem_len)
         n = self.config.n_layer
         old_slots, old_states = state[:n], state[n:]
         C, S, L = old_slots[0].size(1), old_states[0].size(1), layer_inputs[0].size(1)

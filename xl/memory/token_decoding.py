@@ -1,7 +1,7 @@
 """One-token decoding of a model with memory tokens (:mod:`xl.memory.tokens`), the decoder that
 :meth:`xl.model.transformer.TransformerXL.decoder` returns for such a model.
 
-The forward pass reads text in segments of ``L = tokens_seg_len`` tokens (the training segment length) with the memory
+The forward pass reads text in segments of ``L = memory.seg_len`` tokens (the training segment length) with the memory
 tokens at both ends, so the decoder follows the same segments: each fed token attends over the cache as it stood at its
 segment's start (``window`` text positions at most), the segment's read tokens, and the segment's text up to itself;
 when ``L`` tokens of a segment have been fed, the write tokens are run (one position each, as the forward's causal
@@ -25,15 +25,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from xl.config.rules import check_context
 from xl.memory.eviction import leaving
-from xl.model.config import check_context
+from xl.model.decoding import NO_DOCUMENT_START
 from xl.model.documents import Documents, positions
 from xl.model.positions import relative_embeddings
 
 if TYPE_CHECKING:
     from xl.model.transformer import TransformerXL
 
-NO_DOCUMENT_START = np.iinfo(np.int64).min // 2  # a row with no document start to hide anything before
 
 
 class TokenDecoder:
@@ -44,13 +44,13 @@ class TokenDecoder:
     def __init__(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> None:
         check_context(window, clamp_len, same_length)
         memory = model.memory
-        memory.check_context(same_length)
+        memory.settings.check_context(same_length)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         cfg = model.config
         self.model, self.memory, self.batch_size, self.window = model.eval(), memory, batch_size, window
         self.clamp_len = clamp_len
-        self.n, self.period = memory.n, cfg.tokens_seg_len
+        self.n, self.period = memory.n, memory.settings.seg_len
         self.size = window + self.period + 2 * self.n  # the most keys a position sees, itself included
         pos_emb = relative_embeddings(self.size, clamp_len, cfg.d_model, model.device).to(model.dtype)
         with torch.no_grad():
@@ -72,7 +72,7 @@ class TokenDecoder:
     @torch.no_grad()
     def prefill(self, tokens: Tensor, seg_len: int | None = None, starts: Tensor | None = None) -> Tensor:
         """Start a new text: read ``tokens`` [B, T] with the model's forward in segments of the training length
-        (``tokens_seg_len``, the memory's period: ``seg_len`` does not apply to memory tokens), then feed the tokens
+        (``memory.seg_len``, the memory's period: ``seg_len`` does not apply to memory tokens), then feed the tokens
         after the last whole segment one by one. Returns the logits [B, vocab] after the last token.
 
         ``starts`` [B, T] (bool): where further documents begin inside the prompt (its first token always begins

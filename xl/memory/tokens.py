@@ -35,20 +35,54 @@ the text before it: its first, partial segment sees no memory tokens, and its wr
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
+from xl.config.bounds import at_least, setting
 from xl.memory.base import KV, Context, Memory, Update
 from xl.memory.cache import CacheMemory
 from xl.memory.eviction import leaving
+from xl.memory.settings import MemoryConfig
 from xl.model.documents import Documents
 
 if TYPE_CHECKING:
     from xl.memory.token_decoding import TokenDecoder
     from xl.model.config import XLConfig
     from xl.model.transformer import TransformerXL
+
+
+@dataclass
+class TokensConfig(MemoryConfig):
+    """``memory=tokens``: memory tokens over the cache (``memory.mem_len=0``: the tokens alone)."""
+
+    num_tokens: int = setting(4, bound=at_least(1), help="memory tokens read at each segment's start and written at "
+                                                         "its end; the layers run over data.tgt_len + 2 num_tokens "
+                                                         "positions")
+    #: The text tokens between two writes when decoding one token at a time: the training segment length.
+    seg_len: int = field(default=0, metadata={"from": "data.tgt_len"})
+
+    name = "tokens"
+    reads_afresh = False  # the memory is written segment by segment: a window read afresh has none
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.seg_len, int) or self.seg_len < 1:
+            raise ValueError(f"TokensConfig.seg_len (the training segment length, between two writes of the memory "
+                             f"tokens) must be a positive integer, got {self.seg_len!r}")
+
+    def memory(self, config: XLConfig) -> TokenMemory:
+        return TokenMemory(config)
+
+    def check_context(self, same_length: bool) -> None:
+        if same_length:
+            raise ValueError("same_length counts a window of keys that the memory tokens would break up; set "
+                             "memory.same_length=false and memory.eval_same_length=false with memory=tokens")
+
+    def check_window(self, grad_segments: int, mem_len: int) -> None:
+        """The written tokens carry the gradient, with or without a cache."""
 
 
 class InitialTokens(nn.Module):
@@ -72,22 +106,16 @@ class TokenMemory(Memory):
     """``num_tokens`` memory tokens read at each segment's start and written at its end, over the Transformer-XL cache
     of text states. State: the cache's ``n_layer`` tensors [B, M, d], then the memory [B, num_tokens, d]."""
 
-    name = "tokens"
-
     def __init__(self, config: XLConfig) -> None:
         super().__init__(config)
-        self.n = config.num_tokens
+        self.settings: TokensConfig = config.memory
+        self.n = self.settings.num_tokens
         self.cache = CacheMemory(config)
         self.initial: InitialTokens | None = None
 
     def build(self) -> dict[str, nn.Module]:
         self.initial = InitialTokens(self.n, self.config.d_model)
         return {"memory_tokens": self.initial}
-
-    def check_context(self, same_length: bool) -> None:
-        if same_length:
-            raise ValueError("same_length counts a window of keys that the memory tokens would break up; set "
-                             "memory.same_length=false and memory.eval_same_length=false with memory.num_tokens > 0")
 
     # ---- state -----------------------------------------------------------------------------------------------------
     def initial_values(self, batch: int, dtype: torch.dtype) -> Tensor:

@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
 
-from xl.config.rules import MEM_DTYPE_NAMES, check_compressive, check_context, check_model
+from xl.config.rules import check_model
+from xl.memory import settings
+from xl.memory.settings import MEM_DTYPE_NAMES, MemoryConfig
 
 MEM_DTYPES = {name: getattr(torch, name) for name in MEM_DTYPE_NAMES}
-__all__ = ["MEM_DTYPES", "XLConfig", "check_compressive", "check_context"]
 
 
 @dataclass
@@ -47,22 +48,16 @@ class XLConfig:
     # later segment). "bfloat16"/"float16" round the cached states, halving the cache. (bf16-true computes bf16
     # states.)
     mem_dtype: str = "float32"
-    # Compressive memory (Rae et al., 2019; :mod:`xl.memory.compressor`): per layer, the states evicted from the memory
-    # are compressed cmem_rate to 1 (cmem_fn: mean pooling, or a learned convolution) into a second memory of
-    # cmem_len slots that sits before the memory. 0: no compressed memory (plain Transformer-XL).
-    cmem_len: int = 0
-    cmem_rate: int = 3
-    cmem_fn: str = "conv"
-    # Memory tokens (Bulatov et al., 2022; :mod:`xl.memory.tokens`): num_tokens vectors read at each segment's start
-    # and written at its end, on top of the cache (mem_len >= 0); tokens_seg_len: the text tokens between two writes
-    # when decoding one token at a time (the training segment length). 0: no memory tokens.
-    num_tokens: int = 0
-    tokens_seg_len: int = 0
+    # The memory variant and its own settings (xl.memory.settings): the plain cache by default. A mapping (a
+    # checkpoint's record, with its _target_) is read into the variant's config.
+    memory: MemoryConfig = field(default_factory=lambda: settings.from_dict(None))
 
     def __post_init__(self) -> None:
         self.cutoffs = tuple(self.cutoffs)
         if isinstance(self.tie_projs, (list, tuple)):
             self.tie_projs = tuple(self.tie_projs)
+        if not isinstance(self.memory, MemoryConfig):
+            self.memory = settings.from_dict(self.memory)
         check_model(self)  # the rules, with every other config rule, live in xl.config.rules
 
     def memory_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
@@ -70,7 +65,7 @@ class XLConfig:
         return compute_dtype if self.mem_dtype == "float32" else MEM_DTYPES[self.mem_dtype]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "memory": self.memory.to_dict()}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> XLConfig:

@@ -5,7 +5,7 @@ token per row at a time (:meth:`IncrementalDecoder.feed`). Each fed token gets e
 forward of that one token over the memory carried from the previous call, with ``mem_len = window`` and the
 decoder's ``clamp_len`` and ``same_length``: the token attends over the last ``window`` positions and
 itself, or with ``same_length`` over ``window`` keys, itself included (the rule of
-:func:`xl.model.transformer.attention_mask`). With a rounded memory (``mem_dtype`` bfloat16/float16) the prefill's keys
+:func:`xl.model.positions.attention_mask`). With a rounded memory (``mem_dtype`` bfloat16/float16) the prefill's keys
 and values are those of the rounded memory, as in the forward; a fed token's own key and value keep the model's
 precision, so its successors' logits differ from a forward over the rounded memory by that rounding.
 
@@ -39,8 +39,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from xl.config.rules import check_context
 from xl.memory.eviction import leaving
-from xl.model.config import check_context
 from xl.model.documents import Documents, key_offsets, positions
 from xl.model.positions import relative_embeddings
 
@@ -59,7 +59,7 @@ class IncrementalDecoder:
     def __init__(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> None:
         check_context(window, clamp_len, same_length)
         memory = model.memory
-        memory.check_context(same_length)
+        memory.settings.check_context(same_length)
         if window < 1:
             raise ValueError("incremental decoding needs a memory: set mem_len (the decoder's window) >= 1")
         if batch_size < 1:

@@ -17,14 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xl.memory import memory_for
+from xl.config.rules import check_context
 from xl.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.model.attention import RelMultiHeadAttention
-from xl.model.config import MEM_DTYPES, XLConfig, check_compressive, check_context  # noqa: F401 (re-exported)
+from xl.model.config import XLConfig
 from xl.model.documents import Documents
 from xl.model.dropout import Dropout
-from xl.model.layers import FeedForward, XLLayer  # noqa: F401 (re-exported)
-from xl.model.positions import attention_mask, relative_embeddings, sinusoid  # noqa: F401 (re-exported)
+from xl.model.layers import XLLayer
+from xl.model.positions import attention_mask, sinusoid
 
 if TYPE_CHECKING:
     from xl.model.decoding import IncrementalDecoder
@@ -69,7 +69,7 @@ class TransformerXL(nn.Module):
             self.head.weight = self.embed.weight
         # The memory variant (xl.memory) and its own weights (the compressive memory's compressor), registered after
         # every other module, so that a seed gives the same main weights with any memory.
-        self.memory = memory_for(config)
+        self.memory = config.memory.memory(config)
         for name, module in self.memory.build().items():
             self.add_module(name, module)
         # Position tables and masks depend only on lengths: built once per shape, not per step.
@@ -182,7 +182,7 @@ class TransformerXL(nn.Module):
         clamp_len = cfg.clamp_len if clamp_len is None else clamp_len
         same_length = cfg.same_length if same_length is None else same_length
         check_context(mem_len, clamp_len, same_length)
-        memory.check_context(same_length)
+        memory.settings.check_context(same_length)
         B = input_ids.size(0)
         state = self.init_mems(B) if mems is None else memory.adopt(mems, B, mem_len)
         context = memory.context(state)

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from xl.config.rules import ConfigError, check_config, check_device, config_key, model_values, uses_cuda
 from xl.config.rules import check_fits as check_estimate
 from xl.data import DataError
-from xl.memory import packed_size
+from xl.memory.store import packed_size
 from xl.model.config import XLConfig
 from xl.training.checkpoint import Checkpoint, CheckpointError, check_compatible
 from xl.training.checkpoint_io import AtomicCheckpointIO

@@ -33,6 +33,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from xl.memory.settings import describe
 from xl.training.footprint import memory_bytes
 from xl.training.module import batch_tokens
 
@@ -205,9 +206,7 @@ class JobSummary(L.Callback):
         return {
             "mem_len": cfg.mem_len,
             "eval_mem_len": pl_module.eval_context["mem_len"],
-            "cmem_len": cfg.cmem_len,
-            "cmem_rate": cfg.cmem_rate,
-            "num_tokens": cfg.num_tokens,
+            "memory": describe(cfg.memory),
             "grad_segments": pl_module.grad_segments,
             "doc_boundaries": pl_module.doc_boundaries,
             "scored": getattr(datamodule, "scored", "every token"),  # which targets the metrics count

@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.memory import settings
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 from xl.training.torch_errors import load_failure
 
 log = logging.getLogger(__name__)
 XL_KEY = "xl"  # where this project's part of a checkpoint lives
-DEFAULTS = {f.name: f.default for f in fields(XLConfig)}
 # Fields that fix the shape of the weights: a checkpoint with other values cannot be loaded.
 SHAPE_FIELDS = ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner", "pre_lnorm", "tie_weights",
                 "cutoffs", "div_val", "tie_projs", "d_embed", "proj_all")
@@ -180,8 +181,9 @@ class Checkpoint:
 
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], resuming: bool, path: Path) -> None:
     """Refuse a checkpoint whose weights do not fit the configured model, naming every mismatch."""
-    checked = SHAPE_FIELDS + (("mem_len", "cmem_len", "cmem_rate", "cmem_fn") if resuming else ())
-    saved = {**DEFAULTS, **saved}  # fields added later read as their defaults in older checkpoints
+    checked = SHAPE_FIELDS + (("mem_len", "memory") if resuming else ())
+    saved, current = ({**values, "memory": settings.describe(XLConfig.from_dict(values).memory)}
+                      for values in (saved, current))
     diff = [f"{f}={saved.get(f)} (this run: {current.get(f)})" for f in checked if saved.get(f) != current.get(f)]
     if diff:
         what = "resumed" if resuming else "loaded"

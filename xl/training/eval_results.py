@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from xl.memory import settings
 from xl.model.documents import bucket_names
 from xl.training.build import build, run_identity
 from xl.training.callbacks import write_json
@@ -75,12 +76,11 @@ def record(module: Any, datamodule: Any, results: dict[str, dict[str, float]], c
     values: dict[str, Any] = {
         "ckpt": checkpoint["path"], "step": checkpoint["step"], "run": checkpoint["run"], "corpus": corpus,
         "run_data": run_data, "mem_len": cfg.mem_len, "eval_mem_len": c["mem_len"], "clamp_len": c["clamp_len"],
-        "same_length": c["same_length"], "cmem_len": cfg.cmem_len, "cmem_rate": cfg.cmem_rate,
+        "same_length": c["same_length"], "memory": settings.describe(cfg.memory),
         "doc_boundaries": module.doc_boundaries, "scored": getattr(datamodule, "scored", "every token"),
         "warmup": module.warmup, "vanilla": module.attn_len is not None,
         "attn_len": module.attn_len, "tgt_len": datamodule.eval_tgt_len, "batch_size": datamodule.eval_batch_size,
         "unit": module.quality_name, "params": sum(p.numel() for p in module.model.parameters()),
-        "num_tokens": cfg.num_tokens,
         "cache_mb": memory_bytes(cfg, c["mem_len"], datamodule.eval_batch_size, dtype, datamodule.eval_tgt_len) / 2**20,
     }
     for metrics in results.values():

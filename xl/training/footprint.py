@@ -2,7 +2,7 @@
 
 The cache is exact: one tensor per layer holds that layer's input for the last ``mem_len`` positions, so it is
 ``n_layer`` tensors of ``[batch, mem_len, d_model]`` (:func:`cache_footprint`); a compressive memory (Rae et al.,
-2019) adds ``cmem_len`` compressed slots of the same width per layer, ``[batch, mem_len + cmem_len, d_model]``.
+2019) adds its compressed slots of the same width per layer, ``[batch, mem_len + slots, d_model]``.
 :func:`run_footprint` adds the rest of a training run, per device (each rank holds its own batch rows):
 
 * evaluation memory: the same product at ``eval_mem_len`` and the evaluation batch, plus the projected keys and
@@ -11,7 +11,7 @@ The cache is exact: one tensor per layer holds that layer's input for the last `
 * parameters, gradients and AdamW's two moments: four copies of the weights;
 * activations kept for the backward pass of one training step. Per segment, with ``L`` the positions the layers
   run over (the segment and any positions the memory adds: memory tokens) and ``K`` keys per query (the memory's keys,
-  ``mem_len + cmem_len`` for the cache, and ``L``), per layer: the attention probabilities and the position scores, ``2
+  ``mem_len + slots`` for the cache, and ``L``), per layer: the attention probabilities and the position scores, ``2
   × B × H × L × K`` (one more with attention dropout, its mask); keys and values over memory ∘ segment, ``2 × B × K × H
   × D``; content and position queries, ``2 × B × L × H × D``; the feed-forward hidden layer, ``2 × B × L × d_inner``;
   six ``B × L × d_model`` tensors (layer input, attention output, norms, residual sums); the memory's ``M`` states, ``B
@@ -42,8 +42,8 @@ from torch import Tensor
 
 from xl.config.rules import model_values, processes_per_device
 from xl.data import make_tokenizer
-from xl.memory import memory_for
-from xl.model.transformer import TransformerXL, XLConfig, count_parameters
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL, count_parameters
 from xl.training.headroom import NAMES, SETTINGS, WARN_FRACTION, verdict  # noqa: F401 (re-exported)
 
 MiB = 1024 * 1024
@@ -60,11 +60,11 @@ class CacheFootprint:
     n_layer: int
     batch_size: int
     dtype: torch.dtype
-    cmem_len: int = 0  # compressed slots per layer
+    slots: int = 0  # vectors per layer a memory keeps beyond mem_len (compressed slots)
 
     @property
     def elements(self) -> int:
-        return (self.mem_len + self.cmem_len) * self.d_model * self.n_layer * self.batch_size
+        return (self.mem_len + self.slots) * self.d_model * self.n_layer * self.batch_size
 
     @property
     def bytes(self) -> int:
@@ -81,9 +81,9 @@ class CacheFootprint:
 
 
 def cache_footprint(
-    mem_len: int, d_model: int, n_layer: int, batch_size: int, dtype: torch.dtype = torch.float32, cmem_len: int = 0
+    mem_len: int, d_model: int, n_layer: int, batch_size: int, dtype: torch.dtype = torch.float32, slots: int = 0
 ) -> CacheFootprint:
-    return CacheFootprint(mem_len, d_model, n_layer, batch_size, dtype, cmem_len)
+    return CacheFootprint(mem_len, d_model, n_layer, batch_size, dtype, slots)
 
 
 @dataclass(frozen=True)
@@ -108,15 +108,16 @@ class RunFootprint:
 
 def memory_bytes(config: XLConfig, mem_len: int, batch_size: int, dtype: torch.dtype, seg_len: int | None = None
                  ) -> int:
-    """Bytes of a full memory of ``config``'s variant (:meth:`xl.memory.Memory.vectors`) for ``batch_size`` rows."""
-    vectors = memory_for(config).vectors(mem_len, seg_len)
+    """Bytes of a full memory of ``config``'s variant (:meth:`xl.memory.base.Memory.vectors`) for ``batch_size`` rows.
+    """
+    vectors = config.memory.memory(config).vectors(mem_len, seg_len)
     return vectors * config.d_model * batch_size * torch.empty((), dtype=dtype).element_size()
 
 
 def activation_elements(config: XLConfig, batch: int, tgt_len: int, mem_len: int, grad_segments: int = 1) -> int:
     """Elements autograd keeps for one training step, a window of ``grad_segments`` segments, plus the backward's
     transients (the module docstring)."""
-    memory = memory_for(config)
+    memory = config.memory.memory(config)
     # Positions a layer runs over (the segment and any the memory adds to it), and the keys each of them sees.
     B, L, H, D, d = batch, memory.segment_positions(tgt_len), config.n_head, config.d_head, config.d_model
     M = memory.keys(mem_len, tgt_len)
@@ -149,7 +150,7 @@ def run_footprint(config: XLConfig, *, batch_size: int, tgt_len: int, eval_batch
     c = config
     train = memory_bytes(c, c.mem_len, batch_size, mem_dtype, tgt_len)
     eval_states = memory_bytes(c, eval_mem_len, eval_batch_size, mem_dtype, tgt_len)
-    eval_keys = memory_for(c).keys(eval_mem_len, tgt_len)
+    eval_keys = c.memory.memory(c).keys(eval_mem_len, tgt_len)
     eval_kv = 2 * eval_keys * c.n_head * c.d_head * c.n_layer * eval_batch_size * act_bytes
     return RunFootprint(
         train_memory=train,

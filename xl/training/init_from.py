@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.training.checkpoint import DEFAULTS, SHAPE_FIELDS, Checkpoint, CheckpointError
+from xl.training.checkpoint import SHAPE_FIELDS, Checkpoint, CheckpointError
 
 log = logging.getLogger(__name__)
 SETTING = "init_from"
@@ -53,7 +53,7 @@ def start_from(cfg: DictConfig) -> Checkpoint | None:
         log.info("%s=%s was this run's start; it continues from ckpt_path=%s", SETTING, path, cfg.ckpt_path)
         return None
     checkpoint = Checkpoint.open(path, SETTING)
-    saved = {**DEFAULTS, **checkpoint.model_config}
+    saved = checkpoint.model_config
     given = command_line_model_keys()
     model = cfg.model
     for key in MODEL_SHAPE:

@@ -31,10 +31,12 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from xl.config.rules import DOC_BOUNDARIES, check_context, check_grad_segments
-from xl.memory import MemoryStore, memory_for, packed_size
+from xl.config.rules import check_context, check_grad_segments
+from xl.memory.settings import DOC_BOUNDARIES
+from xl.memory.store import MemoryStore, packed_size
+from xl.model.config import XLConfig
 from xl.model.documents import Documents, split_batch, target_bytes
-from xl.model.transformer import TransformerXL, XLConfig, XLOutput
+from xl.model.transformer import TransformerXL, XLOutput
 from xl.training.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
 from xl.training.footprint import memory_bytes
 from xl.training.metrics import UNITS, LMMetrics, quality, quality_name
@@ -74,7 +76,8 @@ class XLLitModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.config = XLConfig.from_dict(dict(model))
-        check_grad_segments(grad_segments, self.config.mem_len, self.config.cmem_len, self.config.num_tokens)
+        check_grad_segments(grad_segments)
+        self.config.memory.check_window(grad_segments, self.config.mem_len)
         self.grad_segments = grad_segments
         self.window_losses: list[Tensor] = []  # losses of the open window, back-propagated when it closes
         self.window_closes = True  # the current segment is the last of its window
@@ -96,7 +99,7 @@ class XLLitModule(L.LightningModule):
             raise ValueError(f"memory.doc_boundaries must be reset or ignore, got {doc_boundaries!r}")
         self.doc_boundaries = doc_boundaries
         # An evaluation context the memory cannot serve is refused here, before a run, not by the first forward.
-        memory_for(self.config).check_context(self.eval_context["same_length"])
+        self.config.memory.check_context(self.eval_context["same_length"])
         if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context["mem_len"]):
             log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
                      "segment are hidden")

@@ -22,7 +22,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.config.compose import ConfigError
+from xl.config.rules import ConfigError
 from xl.model.transformer import TransformerXL
 from xl.training.build import build_datamodule
 from xl.training.checkpoint import Checkpoint, CheckpointError, existing_path

@@ -58,7 +58,7 @@ def columns(rows: list[dict[str, Any]]) -> list[str]:
     """The table's columns: context, metrics (each job's own unit, bits per byte and the share of bytes spelled for
     <unk>), cost; unknown keys are left out."""
     metrics = [f"{split}/{m}" for split in ("val", "test") for m in ("loss", *units(rows), "bpb", "unk_share")]
-    wanted = ["job", "mem_len", "eval_mem_len", "cmem_len", "cmem_rate", "num_tokens", "grad_segments",
+    wanted = ["job", "mem_len", "eval_mem_len", "memory", "grad_segments",
               "doc_boundaries", *metrics, "train_tok_s", "val/tok_s", "test/tok_s", "cache_mb", "params", "wall_s",
               "status"]
     return list(dict.fromkeys(c for c in wanted if any(c in r for r in rows)))  # bpb once for byte data

@@ -17,13 +17,16 @@ from tests.conftest import CONF_DIR, compose_config
 from tests.helpers.paths import ROOT
 from tests.integration.test_experiments import closed_form_parameters
 from xl.config import schema as xl_schema
-from xl.config.compose import CALLBACKS, LOGGERS, SCHEMAS, FilesDataSchema, MemorySchema, ModelSchema, OptimSchema
+from xl.config.callback_schema import CALLBACKS, LOGGERS
 from xl.config.compose import compose as compose_or_explain
 from xl.config.reference import generated_part, reference
 from xl.config.rules import check_memory
+from xl.config.schema import SCHEMAS, FilesDataSchema, ModelSchema, OptimSchema
 from xl.data import SegmentDataModule
 from xl.data.tokenizers import TOKENIZERS
-from xl.model.transformer import XLConfig, count_parameters
+from xl.memory.settings import MemorySettings, config_class, variant_config
+from xl.model.config import XLConfig
+from xl.model.transformer import count_parameters
 from xl.training.build import ConfigError, build_callbacks, build_loggers, check_device, model_config
 from xl.training.footprint import PRECISION_BYTES
 from xl.training.module import OptimConfig, XLLitModule
@@ -75,9 +78,12 @@ def test_memory_options(option):
     values = (m.mem_len, m.eval_mem_len, m.clamp_len, m.eval_clamp_len, m.same_length, m.eval_same_length)
     assert values == MEMORY[option]
     assert m.mem_dtype == "float32"
-    # Only the compressive option keeps compressed slots: as many as its memory, the cache of memory=default.
-    assert (m.cmem_len, m.cmem_rate, m.cmem_fn) == ((64, 2, "conv") if option == "compressive" else (0, 3, "conv"))
-    check_memory(m)
+    # Each option names its variant; only the compressive one keeps compressed slots: as many as its memory.
+    variant = variant_config(m, compose_config(f"memory={option}"))
+    assert variant.name == {"compressive": "compressive", "tokens": "tokens"}.get(option, "cache")
+    if option == "compressive":
+        assert (variant.cmem_len, variant.cmem_rate, variant.cmem_fn) == (64, 2, "conv")
+    check_memory(compose_config(f"memory={option}"))
 
 
 def test_the_main_job_keeps_four_segments_of_memory():
@@ -234,14 +240,14 @@ def names(schema: type) -> set[str]:
 
 
 def test_schema_mirrors_the_code_it_configures():
-    context = {"mem_len", "clamp_len", "same_length", "mem_dtype", "cmem_len", "cmem_rate", "cmem_fn", "num_tokens"}
+    context = {"mem_len", "clamp_len", "same_length", "mem_dtype"}
     xl_fields = {f.name for f in dataclasses.fields(XLConfig)}
-    from_data = {"vocab_size", "tokens_seg_len"}  # the data's vocabulary, and its segment length (data.tgt_len)
-    assert names(ModelSchema) == xl_fields - context - from_data
+    from_data = {"vocab_size"}  # the data's vocabulary
+    assert names(ModelSchema) == xl_fields - context - from_data - {"memory"}  # memory: the variant's own config
     module_memory = {"doc_boundaries", "grad_segments"}  # memory settings of the Lightning module, not of the model
-    assert {n for n in names(MemorySchema) if not n.startswith("eval_")} == context | module_memory
+    assert {n for n in names(MemorySettings) if not n.startswith("eval_")} == context | module_memory
     assert module_memory <= set(inspect.signature(XLLitModule).parameters)
-    for schema in (ModelSchema, MemorySchema):  # the defaults are XLConfig's (cutoffs: null, fitted to the data)
+    for schema in (ModelSchema, MemorySettings):  # the defaults are XLConfig's (cutoffs: null, fitted to the data)
         for f in dataclasses.fields(schema):
             if f.name in xl_fields and f.name != "cutoffs":
                 default = f.default_factory() if f.default is dataclasses.MISSING else f.default
@@ -301,6 +307,10 @@ def test_option_files_state_only_what_differs(group, option):
     # data/run: evaluation's and generation's "the run's own data", whose keys change the run's settings
     # (xl.training.runs)
     assert entries or option == "none" or (group, option) == ("data", "run"), f"{group}/{option}.yaml names no schema"
+    if group == "memory":  # the file is its variant's constructor: it names the class and shows each of its settings
+        variant = config_class(body["_target_"])
+        assert {f.name for f in variant.user_fields()} <= set(body), f"memory/{option}.yaml leaves a setting out"
+        return
     base: dict = {}
     for entry in entries:
         base = OmegaConf.to_container(OmegaConf.merge(base, parent_defaults(group, entry)))

@@ -28,7 +28,8 @@ from xl.convert.weights import model_config, read_safetensors, transformers_conf
 from xl.data.words import WordTokenizer
 from xl.evaluate import build_evaluator, evaluate
 from xl.generate import generate
-from xl.model.transformer import TransformerXL, XLConfig, count_parameters
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL, count_parameters
 from xl.training.build import build_datamodule, build_trainer
 from xl.training.checkpoint import Checkpoint
 

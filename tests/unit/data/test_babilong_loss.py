@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 from xl.training.metrics import IGNORE_INDEX, LMMetrics
 
 

@@ -29,7 +29,7 @@ from xl.data.tokenizers import fingerprint, make_tokenizer
 from xl.hub import PretrainedXL
 from xl.hub.access import HubError
 from xl.hub.files import FORMAT, read_tokenizer, tokenizer_files
-from xl.model.transformer import XLConfig
+from xl.model.config import XLConfig
 
 FIXTURE = FIXTURES / "transfo_xl"
 TEXT = textwrap.dedent(inspect.getsource(textwrap)) + "\nZürich — naïve café, 東京.\n<|endoftext|>\n" * 3

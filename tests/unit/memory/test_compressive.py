@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers.memories import xl_config
 from tests.helpers.reference import reference_attention
 from tests.unit.model.test_model import TINY, make_model, run_segments
-from xl.memory import CompressiveMemory, MemoryStore, nbytes, split_memory
+from xl.memory.compressive import CompressiveConfig, CompressiveMemory
 from xl.memory.compressor import Compressor, reconstruction_loss
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.memory.store import MemoryStore, nbytes
+from xl.model.transformer import TransformerXL
 from xl.training.footprint import cache_footprint
 
 
@@ -30,7 +32,7 @@ def reference_compressive_logits(model: TransformerXL, tokens: torch.Tensor, seg
     the groups (``mem_len`` of them, and up to ``rate - 1`` more that wait for their group). Each layer attends
     naively over ``compressed ∘ memory ∘ segment``, distances counted in slots."""
     cfg = model.config
-    rate = cfg.cmem_rate
+    rate = cfg.memory.cmem_rate
     lengths = [seg_len] * -(-tokens.size(1) // seg_len) if isinstance(seg_len, int) else seg_len
     history = [tokens.new_zeros(tokens.size(0), 0, cfg.d_model, dtype=model.dtype) for _ in model.layers]
     logits, start = [], 0
@@ -42,7 +44,7 @@ def reference_compressive_logits(model: TransformerXL, tokens: torch.Tensor, seg
             groups = max(0, past.size(1) - cfg.mem_len) // rate
             old, mem = past[:, :groups * rate], past[:, groups * rate:]
             slots = [compress_by_hand(model, n, old[:, g * rate:(g + 1) * rate]) for g in range(groups)]
-            slots = slots[max(0, len(slots) - cfg.cmem_len):]
+            slots = slots[max(0, len(slots) - cfg.memory.cmem_len):]
             cmem = torch.stack(slots, 1) if slots else mem[:, :0]
             history[n] = torch.cat([past, h], 1)
             h = layer.ff(reference_attention(layer.attn, h, torch.cat([cmem, mem], 1), cfg.clamp_len))
@@ -278,28 +280,6 @@ def test_a_fed_token_sees_the_compressed_slots_and_nothing_older():
     assert not torch.allclose(last_logits(changed(oldest_group)), last_logits(text), rtol=1e-6, atol=1e-6)
 
 
-def test_cmem_len_zero_is_the_plain_model_bit_for_bit():
-    tokens = torch.randint(0, TINY["vocab_size"], (2, 25), generator=torch.Generator().manual_seed(0))
-    plain = make_model(mem_len=8)
-    other = make_model(mem_len=8, cmem_len=0, cmem_rate=5, cmem_fn="mean")
-    assert not hasattr(other, "compressor") and plain.state_dict().keys() == other.state_dict().keys()
-    for model in (plain, other):
-        model.train()
-    outs = []
-    for model in (plain, other):
-        torch.manual_seed(7)
-        mems, losses = None, []
-        for start in range(0, 24, 6):
-            out = model(tokens[:, start:start + 6], mems, tokens[:, start + 1:start + 7])
-            mems = out.mems
-            assert out.recon_loss is None
-            losses.append(out.loss)
-        torch.stack(losses).sum().backward()
-        outs.append((losses, mems, [p.grad for p in model.parameters()]))
-    for a, b in zip(*outs, strict=True):
-        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-
-
 def test_same_seed_gives_the_same_main_weights_and_the_same_logits_until_a_state_is_evicted():
     plain = make_model(mem_len=12)
     comp = make_model(mem_len=12, cmem_len=4, cmem_rate=2)
@@ -340,7 +320,7 @@ def test_the_learned_compressor_is_a_convolution_with_kernel_and_stride_rate():
 
 def compressive_memory(mem_len: int, cmem_len: int, rate: int, d: int = 4) -> CompressiveMemory:
     """A one-layer compressive memory with mean pooling, in float64, outside a model."""
-    memory = CompressiveMemory(XLConfig(n_layer=1, d_model=d, mem_len=mem_len, cmem_len=cmem_len, cmem_rate=rate,
+    memory = CompressiveMemory(xl_config(n_layer=1, d_model=d, mem_len=mem_len, cmem_len=cmem_len, cmem_rate=rate,
                                         cmem_fn="mean"))
     memory.build()
     return memory
@@ -387,11 +367,6 @@ def test_the_memory_after_a_text_is_the_same_whatever_its_segments(mem_len, rate
         assert state[0].size(1) == len(slots)
         if slots:
             torch.testing.assert_close(state[0], torch.stack(slots, 1), rtol=0, atol=1e-15)
-
-
-def test_split_memory_refuses_a_memory_longer_than_both():
-    with pytest.raises(ValueError, match="longer than mem_len \\+ cmem_len"):
-        split_memory(torch.zeros(1, 9, 2), 4, 4)
 
 
 def run_training_segments(model: TransformerXL, steps: int = 4) -> tuple:
@@ -500,30 +475,6 @@ def test_store_pack_unpack_resumes_the_compressive_memory_exactly():
     assert torch.equal(torch.cat(rest, 1), whole[:, 20:])
 
 
-def test_a_packed_memory_of_one_tensor_per_layer_resumes_as_the_memory_it_holds():
-    """Older checkpoints pack the compressive memory as one ``compressed ∘ memory`` tensor per layer, [world, n_layer,
-    B, C+M, d]: unpacked and read, it continues exactly as the memory it holds."""
-    model = make_model(mem_len=4, cmem_len=3, cmem_rate=2)
-    n = model.config.n_layer
-    tokens = torch.randint(0, TINY["vocab_size"], (2, 40), generator=torch.Generator().manual_seed(8))
-    with torch.no_grad():
-        whole, _ = run_segments(model, tokens, 4)
-        mems = None
-        for start in range(0, 20, 4):
-            mems = model(tokens[:, start:start + 4], mems).mems
-        assert [m.size(1) for m in mems] == [3] * n + [4] * n
-        older = torch.stack([torch.cat([c, m], 1) for c, m in zip(mems[:n], mems[n:], strict=True)])[None]
-        store = MemoryStore()
-        store.unpack(older, 0)
-        mems, rest = store.mems["train"], []
-        assert len(mems) == n
-        for start in range(20, 40, 4):
-            out = model(tokens[:, start:start + 4], mems)
-            mems = out.mems
-            rest.append(out.logits)
-    assert torch.equal(torch.cat(rest, 1), whole[:, 20:])
-
-
 def test_the_weights_keep_the_names_of_earlier_checkpoints():
     """The memory's own weights are registered on the model under the names checkpoints have always used."""
     model = make_model(mem_len=4, cmem_len=4, cmem_rate=2)
@@ -536,20 +487,20 @@ def test_the_weights_keep_the_names_of_earlier_checkpoints():
     assert model.compressor.weight.shape == (model.config.n_layer, 16, 16, 2)  # Conv1d's [out, in, kernel] per layer
 
 
-@pytest.mark.parametrize("field,value", [("cmem_len", -1), ("cmem_rate", 0), ("cmem_fn", "max")])
+@pytest.mark.parametrize("field,value", [("cmem_len", 0), ("cmem_rate", 0), ("cmem_fn", "max")])
 def test_invalid_compressive_settings_name_the_field(field, value):
-    with pytest.raises(ValueError, match=f"XLConfig.{field} must be"):
-        XLConfig(**{**TINY, field: value})
+    with pytest.raises(ValueError, match=f"memory.{field} must be"):
+        CompressiveConfig(**{field: value})
 
 
 def test_refused_combinations_are_one_sentence():
-    with pytest.raises(ValueError, match="same_length=True hides the compressed memory"):
-        XLConfig(**TINY, mem_len=4, cmem_len=4, same_length=True)
+    with pytest.raises(ValueError, match="same_length would hide the compressed memory"):
+        xl_config(**TINY, mem_len=4, cmem_len=4, same_length=True)
     model = make_model(mem_len=4, cmem_len=4, cmem_rate=2)
     tokens = torch.zeros(1, 4, dtype=torch.long)
-    with torch.no_grad(), pytest.raises(ValueError, match="same_length=True hides the compressed memory"):
+    with torch.no_grad(), pytest.raises(ValueError, match="same_length would hide the compressed memory"):
         model(tokens, same_length=True)
-    with pytest.raises(ValueError, match="same_length=True hides the compressed memory"):
+    with pytest.raises(ValueError, match="same_length would hide the compressed memory"):
         model.decoder(1, same_length=True)
 
 
@@ -581,14 +532,15 @@ def test_resume_with_another_compressed_memory_is_refused(tmp_path, corpus):
     fit(resume_cfg(tmp_path, corpus, "first", "memory=compressive", "memory.cmem_len=8", "trainer.max_steps=3",
                    "callbacks.model_checkpoint.every_n_train_steps=3"))
     ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
-    with pytest.raises(CheckpointError, match=r"cmem_len=8 \(this run: 0\)"):
+    saved = r"memory=compressive\(cmem_len=8, cmem_rate=2, cmem_fn=conv\) \(this run: cache\)"
+    with pytest.raises(CheckpointError, match=saved):
         build_run(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={ckpt}"))
 
 
 def test_the_lightning_module_refuses_same_length_with_a_compressed_memory():
     from xl.training.module import XLLitModule
 
-    model = {**TINY, "mem_len": 4, "cmem_len": 4, "cmem_rate": 2}
-    with pytest.raises(ValueError, match="same_length=True hides the compressed memory"):
+    model = {**TINY, "mem_len": 4, "memory": CompressiveConfig(cmem_len=4, cmem_rate=2).to_dict()}
+    with pytest.raises(ValueError, match="same_length would hide the compressed memory"):
         XLLitModule(model, eval_same_length=True)
     assert XLLitModule(model).model.compressor is not None

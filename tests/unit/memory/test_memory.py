@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xl.memory import MemoryStore, nbytes, update_memory
+from xl.memory.cache import update_memory
+from xl.memory.store import MemoryStore, nbytes
 
 
 def layers(n: int = 2, rows: int = 3, length: int = 4, d: int = 5, dtype=torch.float32) -> list[torch.Tensor]:

@@ -13,9 +13,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tests.conftest import compose_config, tiny_overrides
+from tests.helpers.memories import xl_config
 from tests.helpers.reference import position_embedding
+from xl.config.compose import compose
 from xl.model.documents import Documents, positions
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.transformer import TransformerXL
 from xl.training.build import ConfigError, build_run
 from xl.training.sweep import columns
 
@@ -25,7 +27,7 @@ SEG = 5  # text tokens per segment
 
 def token_model(mem_len: int, n: int = 2, seed: int = 0, **extra) -> TransformerXL:
     torch.manual_seed(seed)
-    model = TransformerXL(XLConfig(**{**TINY, **extra}, mem_len=mem_len, num_tokens=n, tokens_seg_len=SEG)).double()
+    model = TransformerXL(xl_config(**{**TINY, **extra}, mem_len=mem_len, num_tokens=n, tokens_seg_len=SEG)).double()
     with torch.no_grad():  # r_w_bias / r_r_bias and the initial memory away from their small initial scale
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -73,7 +75,7 @@ def reference_logits(model: TransformerXL, tokens: Tensor, seg_len: int, mem_len
     begins one). Read tokens: the previous segment's write outputs, or the initial values where a document begins at
     the segment's first token; write tokens take the read tokens' input, or the initial values where the segment's
     last document began after its first token."""
-    n = model.config.num_tokens
+    n = model.config.memory.num_tokens
     initial = model.memory_tokens.values
     B, T = tokens.shape
     rows = []
@@ -284,18 +286,17 @@ def test_decoding_with_documents_equals_the_forward(mem_len):
 
 # ---- bad input ----------------------------------------------------------------------------------------------------
 def test_combinations_that_cannot_work_are_refused_in_one_sentence():
-    with pytest.raises(ValueError, match="cmem_len=0 or XLConfig.num_tokens=0"):
-        XLConfig(**TINY, num_tokens=2, tokens_seg_len=SEG, cmem_len=4)
     with pytest.raises(ValueError, match="same_length=false"):
-        XLConfig(**TINY, num_tokens=2, tokens_seg_len=SEG, same_length=True)
-    with pytest.raises(ValueError, match="tokens_seg_len"):
-        XLConfig(**TINY, num_tokens=2)
+        xl_config(**TINY, num_tokens=2, tokens_seg_len=SEG, same_length=True)
+    with pytest.raises(ValueError, match="seg_len"):
+        xl_config(**TINY, num_tokens=2)
     with pytest.raises(ValueError, match="same_length=false"):
         token_model(4)(random_tokens(1, SEG), None, same_length=True)
+    with pytest.raises(ConfigError, match="memory.cmem_len is not a setting of this memory but of memory=compressive"):
+        compose("config", ["memory=tokens", "memory.cmem_len=8"])
 
 
 @pytest.mark.parametrize("overrides, setting", [
-    (["memory.cmem_len=8", "memory.cmem_rate=2"], "memory.cmem_len=0 or memory.num_tokens=0"),
     (["memory.eval_same_length=true"], "memory.eval_same_length=false"),
 ])
 def test_a_config_that_cannot_work_is_refused_before_any_work(tmp_path, corpus, overrides, setting):
@@ -346,8 +347,8 @@ def test_windows_of_k_segments_train_through_lightning(tmp_path, corpus):
     assert not torch.equal(before, run.module.model.memory_tokens.values)
     assert math.isfinite(float(run.trainer.callback_metrics["val/loss"]))
     results = json.loads((tmp_path / "run" / "results.json").read_text())  # the job summary, a sweep's row
-    assert (results["num_tokens"], results["mem_len"], results["grad_segments"]) == (4, 0, 2)
-    assert "num_tokens" in columns([results])
+    assert (results["memory"], results["mem_len"], results["grad_segments"]) == ("tokens(num_tokens=4)", 0, 2)
+    assert "memory" in columns([results])
 
 
 def test_a_window_keeps_the_written_memory_attached_until_its_last_segment(tmp_path, corpus):

@@ -9,7 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.unit.model.test_model import run_segments
 from xl.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax
-from xl.model.transformer import TransformerXL, XLConfig, count_parameters
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL, count_parameters
 
 V, D = 50, 16
 WORDS = dict(vocab_size=V, n_layer=2, n_head=2, d_model=D, d_head=8, d_inner=32, dropout=0.0, cutoffs=(10, 20, 35))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xl.model.transformer import TransformerXL, XLConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL
 
 WINDOW = 8
 VOCAB = 40

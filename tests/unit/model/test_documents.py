@@ -20,8 +20,10 @@ from tests.conftest import compose_config, tiny_overrides
 from xl.data import DataError, SegmentDataModule, SegmentLoader, make_tokenizer, sources
 from xl.data.cache import open_cache
 from xl.model.attention import TrainingAttentionCPU, rel_shift
+from xl.model.config import XLConfig
 from xl.model.documents import Documents, DocumentStats, positions, split_batch, stream_positions, summary
-from xl.model.transformer import TransformerXL, XLConfig, attention_mask
+from xl.model.positions import attention_mask
+from xl.model.transformer import TransformerXL
 from xl.training.build import build_run
 from xl.training.module import XLLitModule
 

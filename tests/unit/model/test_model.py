@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers.memories import xl_config
 from tests.helpers.reference import naive_position_scores, reference_attention, reference_logits
-from xl.memory import nbytes
+from xl.memory.store import nbytes
 from xl.model.attention import TrainingAttentionCPU, rel_shift
+from xl.model.config import XLConfig
 from xl.model.dropout import keep_mask
-from xl.model.transformer import TransformerXL, XLConfig, attention_mask, count_parameters
+from xl.model.positions import attention_mask
+from xl.model.transformer import TransformerXL, count_parameters
 from xl.training.footprint import cache_footprint
 
 TINY = dict(vocab_size=32, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0)
@@ -17,7 +20,7 @@ TINY = dict(vocab_size=32, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32
 
 def make_model(dtype=torch.float64, seed=0, **overrides) -> TransformerXL:
     torch.manual_seed(seed)
-    return TransformerXL(XLConfig(**{**TINY, **overrides})).to(dtype).eval()
+    return TransformerXL(xl_config(**{**TINY, **overrides})).to(dtype).eval()
 
 
 def run_segments(model, tokens, seg_len, **kw):

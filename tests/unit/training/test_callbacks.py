@@ -26,7 +26,7 @@ def test_job_summary_records_metrics_speed_and_cost(tmp_path, corpus):
     assert results["params"] == sum(p.numel() for p in run.module.parameters())
     assert results["cache_mb"] == cache_footprint(16, 32, 2, 4).mib
     assert results["train_tokens"] == 20 * 4 * 16 and results["train_tok_s"] > 0 and results["wall_s"] > 0
-    assert (results["grad_segments"], results["cmem_len"], results["doc_boundaries"]) == (1, 0, "reset")
+    assert (results["grad_segments"], results["memory"], results["doc_boundaries"]) == (1, "cache", "reset")
 
 
 def test_job_summary_records_the_memory_variant_and_its_cache(tmp_path, corpus):
@@ -36,5 +36,6 @@ def test_job_summary_records_the_memory_variant_and_its_cache(tmp_path, corpus):
     run = build_run(cfg)
     run.trainer.fit(run.module, datamodule=run.datamodule)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert (results["cmem_len"], results["cmem_rate"], results["doc_boundaries"]) == (4, 2, "ignore")
-    assert results["cache_mb"] == cache_footprint(8, 32, 2, 4, cmem_len=4).mib == cache_footprint(12, 32, 2, 4).mib
+    assert (results["memory"], results["doc_boundaries"]) == ("compressive(cmem_len=4, cmem_rate=2, cmem_fn=conv)",
+                                                              "ignore")
+    assert results["cache_mb"] == cache_footprint(8, 32, 2, 4, slots=4).mib == cache_footprint(12, 32, 2, 4).mib

@@ -4,9 +4,12 @@ from real tensors, and the activation estimate bounds what autograd really saves
 import pytest
 import torch
 
+from tests.helpers.memories import xl_config
 from xl.footprint import main
-from xl.memory import nbytes
-from xl.model.transformer import TransformerXL, XLConfig, count_parameters
+from xl.memory.store import nbytes
+from xl.memory.tokens import TokensConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL, count_parameters
 from xl.training.footprint import (
     GiB,
     RunFootprint,
@@ -71,7 +74,7 @@ def test_memories_and_keys_values_are_what_the_model_holds(mem_dtype, precision)
 
 def test_compressed_slots_are_counted_in_the_cache_and_the_command(capsys):
     """(mem_len + cmem_len) × d_model × n_layer × batch × bytes: what a full compressive memory holds."""
-    config = XLConfig(vocab_size=50, mem_len=6, cmem_len=4, cmem_rate=2, **TINY)
+    config = xl_config(vocab_size=50, mem_len=6, cmem_len=4, cmem_rate=2, **TINY)
     model = TransformerXL(config).eval()
     B, eval_mem_len = 3, 8
     x = torch.randint(0, 50, (B, 4))
@@ -88,8 +91,8 @@ def test_compressed_slots_are_counted_in_the_cache_and_the_command(capsys):
     estimate = run_footprint(config, batch_size=B, tgt_len=4, eval_batch_size=B, eval_mem_len=eval_mem_len)
     assert estimate.train_memory == nbytes(train.mems) == (6 + 4) * config.d_model * config.n_layer * B * 4
     assert estimate.eval_memory == nbytes(eval_.mems) + keys_values
-    main(["--mem-len", "768", "--cmem-len", "768", "--d-model", "1024", "--n-layer", "24", "--dtype", "float32"])
-    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("768m+768c")]
+    main(["--mem-len", "768", "--slots", "768", "--d-model", "1024", "--n-layer", "24", "--dtype", "float32"])
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("768m+768s")]
     assert "37,748,736" in row and " 144.0 " in row
 
 
@@ -146,9 +149,9 @@ def test_activation_estimate_bounds_what_autograd_saves(shape, batch, tgt_len, m
 WINDOW_SHAPES = {
     "cache": dict(vocab_size=256, n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, dropout=0.1, mem_len=16),
     "tokens on the cache": dict(vocab_size=256, n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, dropout=0.1,
-                                mem_len=16, num_tokens=3, tokens_seg_len=8),
+                                mem_len=16, memory=TokensConfig(num_tokens=3, seg_len=8).to_dict()),
     "tokens alone": dict(vocab_size=256, n_layer=3, n_head=4, d_model=32, d_head=8, d_inner=64, dropout=0.1,
-                         dropatt=0.1, mem_len=0, num_tokens=2, tokens_seg_len=8),
+                         dropatt=0.1, mem_len=0, memory=TokensConfig(num_tokens=2, seg_len=8).to_dict()),
 }
 
 
@@ -184,7 +187,7 @@ def test_the_run_estimate_and_its_fit_check_count_the_window(capsys):
 
     activations = [run_estimate(compose("config", ["memory=tokens", f"memory.grad_segments={k}"]))[0].activations
                    for k in (1, 2, 8)]
-    config = XLConfig(vocab_size=256, n_layer=4, n_head=4, d_model=256, d_head=64, d_inner=1024, mem_len=128,
+    config = xl_config(vocab_size=256, n_layer=4, n_head=4, d_model=256, d_head=64, d_inner=1024, mem_len=128,
                       num_tokens=4, tokens_seg_len=32)
     one = 4 * activation_elements(config, 16, 32, 128)
     per_segment = 4 * activation_elements(config, 16, 32, 128, grad_segments=2) - one

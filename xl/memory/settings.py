@@ -1,0 +1,212 @@
+"""A memory's settings: the context every memory shares (:class:`MemorySettings`) and each variant's own
+(:class:`MemoryConfig`, subclassed beside the variant's code).
+
+The ``memory`` group of ``conf/`` is one flat node: the shared context (``mem_len``, ``eval_mem_len``, ...,
+``grad_segments``), ``_target_`` naming the variant's config class, and that class's own fields::
+
+    _target_: xl.memory.compressive.CompressiveConfig
+    mem_len: 64
+    cmem_len: 64
+
+:func:`settings_class` types such a node: a dataclass of the shared fields and the variant's, whose bounds
+(:func:`xl.config.bounds.setting`) :mod:`xl.config.rules` checks like any schema's. :func:`variant_config` makes the
+variant's config from the node; the model keeps it as ``XLConfig.memory``, and a checkpoint records it with its
+``_target_`` (:meth:`MemoryConfig.to_dict`), so a run is read back with the variant it was trained with.
+
+A variant outside this package is used the same way: a dataclass subclassing :class:`MemoryConfig` whose
+:meth:`~MemoryConfig.memory` returns its :class:`xl.memory.base.Memory`, and a YAML file naming it in a folder on
+Hydra's search path (docs/memories.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import typing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from xl.config.bounds import Bound, at_least, is_int, one_of, optional, setting
+
+if TYPE_CHECKING:
+    from xl.memory.base import Memory
+    from xl.model.config import XLConfig
+
+MEM_DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the memory's storage precisions (XLConfig.mem_dtype)
+DOC_BOUNDARIES = ("reset", "ignore")
+DEFAULT_TARGET = "xl.memory.cache.CacheConfig"
+COUNT = at_least(0)
+CLAMP = Bound("-1 (no clamping) or a positive integer", lambda v: v == -1 or (is_int(v) and v > 0))
+CLAMP_OR_NULL = Bound("null, -1 (no clamping) or a positive integer",
+                      lambda v: v is None or v == -1 or (is_int(v) and v > 0))
+
+
+@dataclass
+class MemorySettings:
+    """``memory``: the variant, and the context of training and of evaluation (``eval_*``: null takes the training
+    value) that every memory shares."""
+
+    _target_: str = setting(DEFAULT_TARGET, help="the variant's config class (its own settings follow)")
+    mem_len: int = setting(128, bound=COUNT, help="positions of memory per layer; 0: none")
+    eval_mem_len: int | None = setting(None, bound=optional(COUNT), help="the memory length of evaluation")
+    clamp_len: int = setting(-1, bound=CLAMP, help="-1: off; else distances beyond it share one embedding")
+    eval_clamp_len: int | None = setting(None, bound=CLAMP_OR_NULL, help="the clamp length of evaluation")
+    same_length: bool = setting(False, help="every query attends over exactly mem_len keys")
+    eval_same_length: bool | None = setting(None, help="same_length in evaluation")
+    mem_dtype: str = setting("float32", bound=one_of(*sorted(MEM_DTYPE_NAMES)),
+                             help="the memory's storage: float32 (never rounded), bfloat16 or float16 (half the bytes)")
+    doc_boundaries: str = setting("reset", bound=one_of(*DOC_BOUNDARIES, words="reset or ignore"),
+                                  help="reset: a token sees only its own document; ignore: one endless text per row")
+    grad_segments: int = setting(1, bound=at_least(1), help="k: gradients cross segments inside windows of k "
+                                                             "(1: Transformer-XL's stop-gradient)")
+
+
+@dataclass
+class MemoryConfig:
+    """A memory variant's own settings. A subclass is a dataclass whose fields are declared with
+    :func:`xl.config.bounds.setting` (type, default, bound, help); a field whose metadata has ``from`` is not a user
+    setting but copied from that key of the run's config when the model is made (``seg_len`` from ``data.tgt_len``).
+
+    The rules between the variant's settings and the shared context are the methods below: each raises ValueError
+    with one sentence naming the setting to change, and serves the composed config, the model and its decoders."""
+
+    #: The variant's name in tables, sweep summaries and messages.
+    name: ClassVar[str] = "memory"
+    #: Whether ``xl.evaluate vanilla=true`` (every window read afresh, no memory) can evaluate a model with it.
+    reads_afresh: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            bound = f.metadata.get("bound")
+            value = getattr(self, f.name)
+            if bound is not None and not bound.allows(value):
+                raise ValueError(f"memory.{f.name} must be {bound.says}, got {value!r}")
+
+    def memory(self, config: XLConfig) -> Memory:
+        """The memory a model of ``config`` (whose ``memory`` is this) attends over."""
+        raise NotImplementedError
+
+    # ---- the rules between this variant and the context ------------------------------------------------------
+    def check_context(self, same_length: bool) -> None:
+        """Refuse an attention context this memory cannot serve (``same_length`` of training or evaluation)."""
+
+    def check_window(self, grad_segments: int, mem_len: int) -> None:
+        """Refuse gradients through windows of ``grad_segments`` > 1 segments where nothing carries them."""
+        if grad_segments > 1 and mem_len == 0:
+            raise ValueError(f"memory.grad_segments={grad_segments} needs memory.mem_len > 0: without a memory no "
+                             "gradient crosses segments")
+
+    def check_lengths(self, lengths: dict[str, int]) -> None:
+        """Refuse segment or memory lengths (``{"data.tgt_len": 128, "memory.mem_len": 64, ...}``) this memory
+        cannot divide up."""
+
+    # ---- records ---------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The settings with ``_target_``: what a checkpoint records, and :func:`from_dict` reads back."""
+        return {"_target_": target_of(type(self)), **dataclasses.asdict(self)}
+
+    @classmethod
+    def user_fields(cls) -> list[dataclasses.Field]:
+        """The fields a user sets in the ``memory`` group (those not copied from the run's config)."""
+        return [f for f in dataclasses.fields(cls) if "from" not in f.metadata]
+
+
+def describe(config: MemoryConfig) -> str:
+    """The variant and its own settings in one cell of a table: ``compressive(cmem_len=64, cmem_rate=2, ...)``."""
+    own = ", ".join(f"{f.name}={getattr(config, f.name)}" for f in config.user_fields())
+    return f"{config.name}({own})" if own else config.name
+
+
+def target_of(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@functools.cache
+def config_class(target: str) -> type[MemoryConfig]:
+    """The :class:`MemoryConfig` subclass ``memory._target_`` names, or ValueError in one sentence."""
+    module_name, _, name = str(target).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), name) if module_name else None
+    except ImportError as err:
+        raise ValueError(f"memory._target_={target} cannot be imported ({err}); name a memory's config class, "
+                         f"such as {DEFAULT_TARGET}") from None
+    except AttributeError:
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, MemoryConfig)):
+        raise ValueError(f"memory._target_={target} is not a memory's config class (a subclass of "
+                         f"xl.memory.settings.MemoryConfig); name one, such as {DEFAULT_TARGET}")
+    return cls
+
+
+def from_dict(values: dict[str, Any] | None) -> MemoryConfig:
+    """The variant's config from :meth:`MemoryConfig.to_dict`'s record (None: the plain cache)."""
+    values = dict(values or {"_target_": DEFAULT_TARGET})
+    cls = config_class(values.pop("_target_", DEFAULT_TARGET))
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} {'is not a setting' if len(unknown) == 1 else 'are not settings'} "
+                         f"of the {cls.name} memory; it has {', '.join(sorted(known)) or 'none of its own'}")
+    return cls(**values)
+
+
+@functools.cache
+def settings_class(target: str) -> type:
+    """The dataclass that types a ``memory`` node naming ``target``: :class:`MemorySettings`' fields, then the
+    variant's user fields (with their bounds and help)."""
+    cls = config_class(target)
+    shared = typing.get_type_hints(MemorySettings)
+    own = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(MemorySettings)}
+    clashing = [f.name for f in cls.user_fields() if f.name in names]
+    if clashing:
+        raise ValueError(f"{target} declares {', '.join(clashing)}, which every memory has already; rename it")
+    specs = [(f.name, shared[f.name], _copy(f)) for f in dataclasses.fields(MemorySettings)]
+    specs += [(f.name, own[f.name], _copy(f)) for f in cls.user_fields()]
+    return dataclasses.make_dataclass(f"{cls.__name__}Settings", specs)
+
+
+def _copy(f: dataclasses.Field) -> dataclasses.Field:
+    if f.default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=f.default_factory, metadata=f.metadata)
+    return dataclasses.field(default=f.default, metadata=f.metadata)
+
+
+def variant_config(memory: Any, run: Any = None) -> MemoryConfig:
+    """The variant's config from a composed ``memory`` node (a DictConfig or mapping); fields marked ``from`` are
+    read from ``run`` (the composed config, ``OmegaConf.select``-able), 0 where ``run`` is None."""
+    from omegaconf import OmegaConf
+
+    target = memory.get("_target_", DEFAULT_TARGET)
+    cls = config_class(target)
+    values = {f.name: memory[f.name] for f in cls.user_fields() if f.name in memory}
+    for f in dataclasses.fields(cls):
+        if "from" in f.metadata:
+            values[f.name] = OmegaConf.select(run, f.metadata["from"]) if run is not None else f.default
+    return cls(**values)
+
+
+def typed(memory: Any) -> Any:
+    """A composed ``memory`` node typed by :func:`settings_class` (a DictConfig whose schema is that class, values
+    converted, interpolations kept), or ValueError in one sentence for a key or value the variant does not take."""
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import ValidationError
+
+    from xl.config.bounds import describe_type
+
+    if not isinstance(memory, DictConfig) or OmegaConf.get_type(memory) is not dict:
+        return memory
+    target = memory.get("_target_", DEFAULT_TARGET)
+    cls = settings_class(target)
+    node = OmegaConf.structured(cls)
+    hints = typing.get_type_hints(cls)
+    for key, value in OmegaConf.to_container(memory, resolve=False).items():
+        if key not in hints:
+            raise ValueError(f"memory.{key} is not a setting of the {config_class(target).name} memory; memory has "
+                             f"{', '.join(hints)}")
+        try:
+            node[key] = value
+        except ValidationError:
+            raise ValueError(f"memory.{key} must be {describe_type(hints[key])}, got {value!r}") from None
+    return node
