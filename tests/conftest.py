@@ -29,8 +29,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def compose_config(*overrides: str) -> DictConfig:
+    """The training config as the entry points compose it (the memory node typed by its variant)."""
+    from xl.config.compose import type_memory
+
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+        cfg = compose("config", overrides=list(overrides))
+    type_memory(cfg)
+    return cfg
 
 
 @pytest.fixture(scope="session")

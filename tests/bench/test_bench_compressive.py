@@ -13,9 +13,9 @@ from xl.training.footprint import cache_footprint
 def test_the_compressive_memory_has_the_cache_of_the_first_and_the_mem_len_of_the_last():
     plain, comp, half = memories(128, 4).values()
     d, layers = CONFIG_S["d_model"], CONFIG_S["n_layer"]
-    assert (cache_footprint(comp["mem_len"], d, layers, 1, cmem_len=comp["cmem_len"]).bytes
+    assert (cache_footprint(comp["mem_len"], d, layers, 1, slots=comp["memory"].cmem_len).bytes
             == cache_footprint(plain["mem_len"], d, layers, 1).bytes)
-    assert comp["mem_len"] == half["mem_len"] == 64 and comp["cmem_rate"] == 4
+    assert comp["mem_len"] == half["mem_len"] == 64 and comp["memory"].cmem_rate == 4
 
 
 def test_decoding_is_timed_against_full_memories():

@@ -190,7 +190,6 @@ def test_a_misspelt_key_in_a_config_file_names_the_file(tmp_path):
 BAD_VALUES = {
     "memory.mem_len": -1, "memory.eval_mem_len": -2, "memory.clamp_len": 0, "memory.eval_clamp_len": -3,
     "memory.mem_dtype": "float8", "memory.doc_boundaries": "sometimes", "memory.grad_segments": 0,
-    "memory.cmem_len": -1, "memory.cmem_rate": 0, "memory.cmem_fn": "max", "memory.num_tokens": -1,
     "optim.weight_decay": -0.1, "optim.eps": 0.0, "optim.betas": "[0.9,1.5]",
     "trainer.accelerator": "abacus", "trainer.devices": 0, "trainer.num_nodes": 0, "trainer.precision": "fp8",
     "trainer.max_steps": -2, "trainer.max_epochs": -5, "trainer.limit_train_batches": 1.5,
@@ -215,9 +214,23 @@ def test_every_range_rule_is_tested():
     assert set(BAD_VALUES) == {key for key, *_ in schema_bounds(cfg)}
 
 
-@pytest.mark.parametrize("key", BAD_VALUES)
+# Each memory variant's own settings, with the option that has them.
+VARIANT_BAD_VALUES = {"memory.cmem_len": ("compressive", 0), "memory.cmem_rate": ("compressive", 0),
+                      "memory.cmem_fn": ("compressive", "max"), "memory.num_tokens": ("tokens", 0)}
+
+
+def test_every_range_rule_of_every_memory_is_tested():
+    for option in ("compressive", "tokens"):
+        cfg = compose_config(f"memory={option}")
+        keys = {key for key, *_ in schema_bounds(cfg) if key.startswith("memory.")}
+        assert keys - set(BAD_VALUES) == {k for k, (o, _) in VARIANT_BAD_VALUES.items() if o == option}
+
+
+@pytest.mark.parametrize("key", [*BAD_VALUES, *VARIANT_BAD_VALUES])
 def test_a_value_out_of_range_is_one_sentence_before_any_work(key, tmp_path, corpus):
-    cfg = compose_config(*tiny_overrides(tmp_path, corpus), f"{key}={BAD_VALUES[key]}")
+    option, value = VARIANT_BAD_VALUES.get(key, (None, BAD_VALUES.get(key)))
+    memory = [f"memory={option}"] if option else []
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), *memory, f"{key}={value}")
     with pytest.raises(ConfigError) as info:
         build_run(cfg)
     assert str(info.value).startswith(f"{key} must be ") and "\n" not in str(info.value)

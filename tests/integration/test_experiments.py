@@ -61,8 +61,8 @@ def test_enwik8_compressive_is_enwik8_large_with_the_papers_memories():
     cfg = compose_config("experiment=enwik8_compressive")
     check_settings(cfg)
     config = XLConfig.from_dict(model_config(cfg, 256))
-    memory = cfg.memory
-    assert (memory.mem_len, memory.cmem_len, memory.cmem_rate, memory.cmem_fn, cfg.data.tgt_len) == (
+    memory = config.memory
+    assert (config.mem_len, memory.cmem_len, memory.cmem_rate, memory.cmem_fn, cfg.data.tgt_len) == (
         768, 768, 3, "conv", 768)
     plain = XLConfig.from_dict(model_config(compose_config("experiment=enwik8_large"), 256))
     main = count_parameters(plain)

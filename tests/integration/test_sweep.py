@@ -149,9 +149,9 @@ def test_wandb_sweep_config_is_valid_for_train_py():
 def test_summary_columns_name_every_memory_setting_and_bits_per_byte_once():
     from xl.training.sweep import columns
 
-    rows = [{"job": "0", "mem_len": 64, "grad_segments": 2, "cmem_len": 0, "unit": "ppl", "val/ppl": 30.0,
+    rows = [{"job": "0", "mem_len": 64, "grad_segments": 2, "memory": "cache", "unit": "ppl", "val/ppl": 30.0,
              "val/bpb": 1.2}, {"job": "1", "mem_len": 64, "grad_segments": 1, "unit": "ppl"}]
-    assert columns(rows) == ["job", "mem_len", "cmem_len", "grad_segments", "val/ppl", "val/bpb"]
+    assert columns(rows) == ["job", "mem_len", "memory", "grad_segments", "val/ppl", "val/bpb"]
     byte_rows = [{"job": "0", "unit": "bpb", "val/bpb": 2.5, "test/bpb": 2.3}]
     assert columns(byte_rows) == ["job", "val/bpb", "test/bpb"]
 

@@ -208,5 +208,6 @@ def typed(memory: Any) -> Any:
         try:
             node[key] = value
         except ValidationError:
-            raise ValueError(f"memory.{key} must be {describe_type(hints[key])}, got {value!r}") from None
+            got = "null" if value is None else str(value)
+            raise ValueError(f"memory.{key} must be {describe_type(hints[key])}, got {got!r}") from None
     return node
