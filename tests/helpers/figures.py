@@ -41,7 +41,7 @@ class Marker:
     attrs: dict[str, str]
     page: str
     line: int  # where the marker starts (1-based)
-    section: str = ""  # the visible text of its section
+    section: str = ""  # the visible text of its section (heading to heading), where its commands must be shown
     block: Block | None = None  # the table or fenced block just below it, if any
 
     @property
@@ -57,7 +57,6 @@ class Block:
     start: int  # first line of the block, 1-based (a fenced block: its opening fence)
     kind: str  # "table" or "fence"
     lines: list[str]
-    section: str  # the visible text of the section the block is in (from heading to heading), comments removed
     marker: Marker | None = None
     info: str = ""  # a fence's language tag
 
@@ -127,14 +126,14 @@ def read_page(path: Path) -> Page:
             j = i + 1
             while j < len(lines) and not lines[j].strip().startswith("```"):
                 j += 1
-            page.blocks.append(Block(name, i + 1, "fence", lines[i + 1: j], section(i + 1), marker_above(i + 1),
+            page.blocks.append(Block(name, i + 1, "fence", lines[i + 1: j], marker_above(i + 1),
                                      lines[i].strip()[3:].strip()))
             i = j + 1
         elif lines[i].startswith("|"):
             j = i
             while j < len(lines) and lines[j].startswith("|"):
                 j += 1
-            page.blocks.append(Block(name, i + 1, "table", lines[i:j], section(i + 1), marker_above(i + 1)))
+            page.blocks.append(Block(name, i + 1, "table", lines[i:j], marker_above(i + 1)))
             i = j
         else:
             i += 1
