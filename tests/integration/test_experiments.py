@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import CONF_DIR, compose_config
+from tests.helpers.paths import ROOT
 from xl.model.config import XLConfig
 from xl.model.transformer import count_parameters
 from xl.training.build import check_settings, model_config
@@ -29,6 +30,17 @@ def test_experiment_composes_and_matches_the_papers_size(name, vocab, paper):
     assert cfg.memory.eval_mem_len > cfg.memory.mem_len and cfg.memory.eval_same_length
     check_settings(cfg)  # every range and relation holds
 
+
+
+def test_the_papers_table_shows_these_counts():
+    """docs/paper.md's "parameters (ours)" column is the count of each experiment's config, in millions."""
+    vocab = {name: v for name, v, _ in PAPER} | {"wt103_large": WT103_VOCAB}
+    rows = [line.split("|")[1:-1] for line in (ROOT / "docs" / "paper.md").read_text().splitlines()
+            if line.startswith("| ") and "`" in line]
+    shown = {cells[1].strip().strip("`"): cells[3].strip() for cells in rows}
+    configs = {name: XLConfig.from_dict(model_config(compose_config(f"experiment={name}"), v))
+               for name, v in vocab.items()}
+    assert shown == {name: f"{count_parameters(c) / 1e6:.1f}M" for name, c in configs.items()}
 
 
 def closed_form_parameters(c: XLConfig) -> int:
