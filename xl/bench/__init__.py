@@ -5,4 +5,6 @@
 - ``python -m xl.bench.gpu``: training tokens/s, peak memory and MFU of an experiment config on a GPU.
 - ``python -m xl.bench.port``: config S side by side with Hugging Face's port of the 2019 code.
 - ``python -m xl.bench.evalspeed``: evaluation speed against the vanilla transformer (Dai et al., 2019, Table 9).
+- ``python -m xl.bench.babilong``: the BABILong scorer's speed against the model's evaluation, and its peak memory
+  at two lengths.
 """
