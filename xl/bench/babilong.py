@@ -2,7 +2,8 @@
 
 Speed: one model with random weights (speed does not depend on them), by default the shape, segment length and memory
 of ``experiment=babilong`` (the run that docs/babilong.md scores), timed side by side in one process, the modes taking
-turns round by round so that a shared CPU slows them alike, over ``--batch`` rows of ``--length`` tokens of context:
+turns call by call so that a shared CPU slows them alike (the ratios are medians over the rounds), over ``--batch``
+rows of ``--length`` tokens of context:
 
 - ``evaluate``: :class:`xl.evaluate.Evaluator`'s test step, what ``python -m xl.evaluate`` runs under Lightning (called
   here without the trainer, in inference mode as Lightning calls it): the model's forward with the memory and its
@@ -95,8 +96,10 @@ def measure(experiment: str, length: int, batch: int, rounds: int) -> dict[str, 
     runs = {"evaluate": (lambda: evaluate_stream(evaluator, stream, reader.seg_len), batch * max(widths)),
             "read": (lambda: reader.read(texts), sum(widths)),
             "score": (lambda: score_cell(reader, background, TASK, length, settings), sum(widths))}
-    return {"rates": interleaved_rates(runs, rounds), "prompt_tokens": sum(widths), "width": max(widths),
-            "seg_len": reader.seg_len, "config": evaluator.model.config}
+    for run, _ in runs.values():  # one untimed call each; then the modes alternate call by call
+        run()
+    return {"rates": interleaved_rates(runs, rounds, warmup=0, repeats=1), "prompt_tokens": sum(widths),
+            "width": max(widths), "seg_len": reader.seg_len, "config": evaluator.model.config}
 
 
 def resident_mib(field: str) -> float:
@@ -152,8 +155,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--experiment", default="babilong", help="a conf/experiment overlay's model and segments, or S")
     p.add_argument("--length", default="2k", help="context length of the speed rounds, in tokens (1k = 1,000)")
     p.add_argument("--batch", type=int, default=8, help="rows read at once (the scorer's batch_size)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="interleaved rounds, each the median of 3 timed calls; 0: the memory figures alone")
+    p.add_argument("--rounds", type=int, default=9,
+                   help="rounds, each one timed call of every mode in turn; 0: the memory figures alone")
     p.add_argument("--peak-lengths", nargs="*", default=["1k", "4k"], help="lengths scored each in a fresh process")
     p.add_argument("--peak-batch", type=int, default=1, help="samples in the cell of each fresh process")
     p.add_argument("--threads", type=int, default=2)
