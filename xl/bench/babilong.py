@@ -44,7 +44,7 @@ from xl.data.babilong.samples import samples
 from xl.data.sources import StdlibSource
 from xl.data.tokenizers import make_tokenizer
 from xl.evaluate import Evaluator
-from xl.model.transformer import XLConfig
+from xl.model.config import XLConfig
 
 MODES = ("evaluate", "read", "score")
 TASK = "qa1"
