@@ -117,6 +117,7 @@ SCALE = {
                            "--doc-len", "8"],
     "xl.bench.compressive": ["--mem-len", "16", "--batch", "2", "--tgt-len", "16", "--steps", "1", "--decode", "2",
                              "--rounds", "1", "--threads", "1"],
+    "xl.bench.babilong": ["--length", "150", "--batch", "2", "--rounds", "1", "--threads", "1", "--peak-lengths"],
     "xl.bench.tokens": ["--mem-len", "16", "--num-tokens", "2", "--batch", "2", "--tgt-len", "16", "--steps", "1",
                         "--rounds", "1", "--threads", "1"],
 }

@@ -50,11 +50,13 @@ def median_rate(run: Callable[[], object], work: float, warmup: int, repeats: in
     return statistics.median(rates)
 
 
-def interleaved_rates(runs: dict[str, tuple[Callable[[], object], float]], rounds: int) -> dict[str, list[float]]:
-    """Per named ``(run, work)``, the rate of each round (:func:`median_rate`: one warm-up, median of 3 timed
-    calls), the runs taking turns round by round so that a shared CPU slows them alike."""
+def interleaved_rates(runs: dict[str, tuple[Callable[[], object], float]], rounds: int, warmup: int = 1,
+                      repeats: int = 3) -> dict[str, list[float]]:
+    """Per named ``(run, work)``, the rate of each round (:func:`median_rate`: ``warmup`` untimed calls, the median of
+    ``repeats`` timed ones), the runs taking turns round by round so that a shared CPU slows them alike (with one
+    timed call and no warm-up per round, they alternate call by call)."""
     out: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, (run, work) in runs.items():
-            out[name].append(median_rate(run, work, 1, 3))
+            out[name].append(median_rate(run, work, warmup, repeats))
     return out
