@@ -108,7 +108,10 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from xl.training.build import build_run
+    from xl.training.console import quiet_libraries, quiet_warnings
 
+    quiet_libraries()
+    quiet_warnings()
     results: dict[int, dict[int, float]] = {}
     seg_len = n_layer = 0
     for mem_len in mem_lens:

@@ -18,17 +18,20 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.compose import entry_point, exit_on_user_error
 from xl.config.rules import ConfigError
-from xl.training.build import build_run
-from xl.training.console import errors_logged, quiet_wandb, quiet_warnings
+from xl.training.console import errors_logged, quiet_libraries, quiet_wandb, quiet_warnings
 from xl.training.runs import continue_run, wandb_id
-from xl.training.stops import stopping
+
+# Lightning and the training code are imported by the functions that train: composing, printing the config
+# (--cfg job, --help) and reporting a bad key answer without them.
+
+if TYPE_CHECKING:
+    from lightning.pytorch.callbacks import ModelCheckpoint
 
 log = logging.getLogger("train")
 
@@ -50,6 +53,10 @@ def prepare_run(cfg: DictConfig) -> None:
 
 
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:
+    from xl.training.build import build_run
+    from xl.training.stops import stopping
+
+    quiet_libraries()  # Lightning, imported just now, set its own log levels
     if not cfg.train and not cfg.test:
         raise ConfigError("train=false and test=false leave nothing to do; set test=true to test ckpt_path")
     prepare_run(cfg)
@@ -76,10 +83,16 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
 
 def model_checkpoint(trainer) -> ModelCheckpoint | None:
     """The callbacks group's ModelCheckpoint (``trainer.checkpoint_callback`` may be another Checkpoint callback)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
     return next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
 
 
 def report(trainer, module, metrics: dict[str, float]) -> None:
+    from lightning.pytorch.loggers import WandbLogger
+
+    if not trainer.is_global_zero:  # one results block for a multi-process run
+        return
     lines = [f"  {k:<10} {v:.4f}" for k, v in sorted(metrics.items())]
     params = sum(p.numel() for p in module.parameters())
     lines.append(f"  parameters: {params:,}")
@@ -89,7 +102,7 @@ def report(trainer, module, metrics: dict[str, float]) -> None:
     if ckpt is not None and ckpt.last_model_path:
         lines.append(f"  last checkpoint: {ckpt.last_model_path}")
     lines.append(f"  run folder: {trainer.default_root_dir}")
-    for logger in trainer.loggers if trainer.is_global_zero else []:  # other ranks hold no W&B run
+    for logger in trainer.loggers:
         if isinstance(logger, WandbLogger):
             run = logger.experiment
             where = wandb_upload(Path(run.dir).parent, run.id) if run.offline else run.url

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,11 @@ def ddp_train(tmp_path: Path, corpus, run: str, *extra: str) -> dict[int, list[d
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
+    out = result.stdout + result.stderr
+    assert out.count("[train][INFO] - results") == 1, out[-4000:]  # printed by rank 0 only
+    warned = [line for line in out.splitlines() if "Warning" in line or re.search(r"\.py:\d+: ", line)]
+    assert len(warned) == len(set(warned)), warned  # each warning once, not once per rank
+    assert "GLOBAL_RANK" not in out  # Lightning's per-process banner
     return {r: [json.loads(line) for line in open(probe_dir / f"rank{r}.jsonl")] for r in (0, 1)}
 
 

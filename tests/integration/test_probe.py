@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from tests.helpers.paths import ROOT
 from xl.data.recall import KEYS, recall_bytes
 from xl.probe import query_distances, reach_accuracy, recall_accuracy
 
@@ -85,3 +89,19 @@ def test_the_probe_trains_with_the_users_memory_settings(tmp_path):
     assert probe_config(32, 64, [4], 10, tmp_path).data.source.gap == 2 * 64 + 32  # beyond a relayed reach
     module = build_run(cfg).module
     assert module.grad_segments == 2 and module.config.memory.num_tokens == 4 and module.config.mem_len == 32
+
+
+def test_the_probe_prints_its_progress_and_table_and_none_of_lightnings_notices(tmp_path):
+    """python -m xl.probe, shrunk: its own lines, without Lightning's litlogger tip, device banner, precision and
+    batch-limit notices, or the warning about Lightning's internals."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    result = subprocess.run([sys.executable, "-m", "xl.probe", "data.source.episodes=60",
+                             "data.source.eval_episodes=20", "callbacks.progress_bar.refresh_rate=0", "--steps", "2",
+                             "--mem-lens", "0", "--distances", "4", "16", "--out", str(tmp_path / "probe")],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "mem_len=0: trained and scored in" in out and "| mem_len | d=4 | d=16 |" in out
+    noise = ("litlogger", "GPU available", "TPU available", "Automatic Mixed Precision", "limit_train_batches",
+             "max_steps=2` reached", "LeafSpec")
+    assert [n for n in noise if n in out] == []

@@ -15,6 +15,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import OmegaConf
 
+import xl.training.build
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from xl import train
 from xl.training.build import build_callbacks, build_run
@@ -322,14 +323,14 @@ def test_a_requeued_run_continues_from_its_folder(tmp_path, corpus, monkeypatch)
     """The same command into the same folder, requeued by SLURM, continues from the folder's last.ckpt, exactly."""
     whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole"))
     train.fit_and_test(resume_cfg(tmp_path, corpus, "again", f"trainer.max_steps={STOP_AT}", "test=false"))
-    recorder, build = LossRecorder(), train.build_run
+    recorder, build = LossRecorder(), xl.training.build.build_run
 
     def with_recorder(cfg):
         built = build(cfg)
         built.trainer.callbacks.append(recorder)
         return built
 
-    monkeypatch.setattr(train, "build_run", with_recorder)
+    monkeypatch.setattr(xl.training.build, "build_run", with_recorder)  # train imports it when it trains
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     again = resume_cfg(tmp_path, corpus, "again", "test=false")
     train.fit_and_test(again)

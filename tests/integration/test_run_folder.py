@@ -20,6 +20,7 @@ from tests.helpers import wandb_records
 from tests.integration.test_evaluate import compose_eval
 from xl import train
 from xl.evaluate import evaluate
+from xl.training.build import build_run
 from xl.training.checkpoint import Checkpoint, CheckpointError
 
 
@@ -89,7 +90,7 @@ class EpochLosses:
 
 
 def fit_recording(cfg) -> tuple[list[float], dict]:
-    run = train.build_run(cfg)
+    run = build_run(cfg)
     epochs = EpochLosses(run.module)
     run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=run.ckpt_path, weights_only=True)
     return epochs.values, json.loads(Path(cfg.callbacks.job_summary.path).read_text())

@@ -19,6 +19,7 @@ import torch
 from tests.conftest import compose_config, tiny_overrides
 from tests.helpers.paths import ROOT
 from xl import train
+from xl.training.build import build_run
 from xl.training.checkpoint import CheckpointError
 
 
@@ -80,7 +81,7 @@ def test_sigterm_during_a_validation_keeps_the_step_it_follows(tmp_path, corpus)
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
     counter = ValidationBatches()
     cfg = stop_cfg(tmp_path, corpus, f"ckpt_path={run}", "trainer.max_steps=30", "test=false")
-    resumed = train.build_run(cfg)
+    resumed = build_run(cfg)
     resumed.trainer.callbacks.append(counter)
     resumed.trainer.fit(resumed.module, datamodule=resumed.datamodule, ckpt_path=resumed.ckpt_path, weights_only=True)
     assert resumed.trainer.global_step == 30 and counter.batches == {20: 4, 30: 4}

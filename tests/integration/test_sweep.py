@@ -167,3 +167,63 @@ def test_jobs_of_several_tokenizers_are_tabled_with_their_own_figures_and_plotte
     assert columns(rows) == ["job", "mem_len", "val/ppl", "val/bpb", "val/unk_share"]
     assert plotted_unit(rows) == plotted_unit(rows[:1]) == "bpb"
     assert plotted_unit([{"job": "0", "mem_len": 64, "unit": "ppl", "val/ppl": 40.0}]) == "ppl"  # no bpb reported
+
+
+def drawn_figure(rows: list[dict], tmp_path: Path, monkeypatch):
+    """The figure write_plot draws for ``rows``, kept open to be read."""
+    import matplotlib.pyplot as plt
+
+    from xl.training.sweep import write_plot
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    write_plot(rows, tmp_path)
+    (figure,) = figures
+    return figure
+
+
+def lines_of(axes) -> dict[str, list[tuple]]:
+    return {line.get_label(): list(zip(line.get_xdata(), line.get_ydata(), strict=True)) for line in axes.get_lines()}
+
+
+def test_the_plot_puts_what_the_sweep_varies_on_its_x_axis(tmp_path, monkeypatch):
+    """A sweep over memory.grad_segments at one mem_len: the plot's x-axis is grad_segments, one point per job (not
+    three points stacked at mem_len 128)."""
+    sweep = tmp_path / "sweep"
+    for i, segments in enumerate((4, 1, 2)):
+        fake_job(sweep, str(i), ["model=tiny", f"memory.grad_segments={segments}"], {
+            "mem_len": 128, "grad_segments": segments, "unit": "bpb", "val/bpb": 2.0 - segments / 10,
+            "test/bpb": 1.9, "train_tok_s": 1000.0 / segments, "cache_mb": 1.0})
+    rows = write_summary(sweep)
+    assert [r["varied"] for r in rows] == [{"memory.grad_segments": s} for s in (1, 2, 4)]
+    assert (sweep / "summary.png").read_bytes().startswith(PNG)
+    quality, cost, rate = drawn_figure(rows, tmp_path, monkeypatch).axes
+    assert quality.get_xlabel() == cost.get_xlabel() == "memory.grad_segments"
+    assert lines_of(quality)["val"] == [(1, 1.9), (2, 1.8), (4, 1.6)]
+    assert list(rate.get_lines()[0].get_xdata()) == [1, 2, 4]
+
+
+def test_a_grid_over_two_settings_draws_one_line_per_value_of_the_second(tmp_path, monkeypatch):
+    sweep = tmp_path / "sweep"
+    for i, (segments, lr) in enumerate([(s, lr) for s in (1, 2) for lr in (1e-3, 2e-3)]):
+        fake_job(sweep, str(i), [f"memory.grad_segments={segments}", f"optim.lr={lr}"], {
+            "mem_len": 64, "unit": "bpb", "val/bpb": segments + lr, "cache_mb": 1.0})
+    quality, _ = drawn_figure(write_summary(sweep), tmp_path, monkeypatch).axes[:2]
+    assert quality.get_xlabel() == "memory.grad_segments"
+    assert lines_of(quality) == {"val (optim.lr=0.001)": [(1, 1.001), (2, 2.001)],
+                                 "val (optim.lr=0.002)": [(1, 1.002), (2, 2.002)]}
+
+
+def test_a_search_plots_its_points_against_the_first_setting_each_named_by_the_others(tmp_path, monkeypatch):
+    """An Optuna search (memory length and learning rate both chosen per trial): points against mem_len, each
+    annotated with its learning rate, which the plot would otherwise hide."""
+    sweep = tmp_path / "sweep"
+    for i, (mem_len, lr) in enumerate([(64, 3e-4), (0, 1e-3), (64, 2e-3)]):
+        fake_job(sweep, str(i), [f"memory.mem_len={mem_len}", f"optim.lr={lr}"], {
+            "mem_len": mem_len, "unit": "bpb", "val/bpb": 2.0 + lr, "cache_mb": mem_len / 64})
+    quality, _ = drawn_figure(write_summary(sweep), tmp_path, monkeypatch).axes[:2]
+    assert quality.get_xlabel() == "memory.mem_len"
+    assert sorted(lines_of(quality)["val"]) == [(0, 2.001), (64, 2.0003), (64, 2.002)]
+    assert quality.get_lines()[0].get_linestyle() == "None"  # points: no line joins two trials
+    assert sorted(text.get_text() for text in quality.texts) == ["optim.lr=0.0003", "optim.lr=0.001",
+                                                                 "optim.lr=0.002"]

@@ -2,14 +2,26 @@
 
 ``sources`` says where text comes from, ``tokenizers`` turns it into ids, ``cache`` keeps the ids on disk,
 ``stream`` cuts them into per-rank rows and segments, and ``datamodule`` wires it all into Lightning.
+
+The names below are imported when first used, so that a command that only composes a config or reads a tokenizer
+does not import Lightning.
 """
 
-from xl.data import sources
-from xl.data.datamodule import SegmentDataModule
-from xl.data.errors import DataError
-from xl.data.recall import RecallSource
-from xl.data.stream import SegmentLoader, split_streams
-from xl.data.tokenizers import make_tokenizer
+from __future__ import annotations
 
-__all__ = ["DataError", "RecallSource", "SegmentDataModule", "SegmentLoader", "make_tokenizer", "sources",
-           "split_streams"]
+import importlib
+from typing import Any
+
+# Each public name and the module that defines it.
+EXPORTS = {"DataError": "xl.data.errors", "RecallSource": "xl.data.recall", "SegmentDataModule": "xl.data.datamodule",
+           "SegmentLoader": "xl.data.stream", "make_tokenizer": "xl.data.tokenizers", "split_streams": "xl.data.stream"}
+
+__all__ = [*EXPORTS, "sources"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "sources":
+        return importlib.import_module("xl.data.sources")
+    if name in EXPORTS:
+        return getattr(importlib.import_module(EXPORTS[name]), name)
+    raise AttributeError(f"module 'xl.data' has no attribute {name!r}")

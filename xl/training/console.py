@@ -3,11 +3,15 @@ log file too (:func:`errors_logged`). Notices that tell the user nothing about t
 
 Each notice is switched off through the library's public settings, in one place:
 
-- Lightning's info lines (the litlogger tip, "GPU available", "Restoring states ...") and model summary (a table
-  whose FLOPs column reads 0 for a model without an example input): the ``lightning.pytorch`` logger at WARNING in
-  the entry points' ``hydra.job_logging`` (conf/hydra/job_logging/quiet.yaml), and ``enable_model_summary=False``
-  (:data:`TRAINER_DEFAULTS`); train.py's results name the parameter count instead. Lightning's warnings still show,
-  and go to the run's log file too.
+- Lightning's info lines (the litlogger tip, "GPU available", "Restoring states ...", "Initializing distributed")
+  and model summary (a table whose FLOPs column reads 0 for a model without an example input): the
+  ``lightning.pytorch`` and ``lightning.fabric`` loggers at WARNING in the entry points' ``hydra.job_logging``
+  (conf/hydra/job_logging/quiet.yaml), which :func:`quiet_libraries` applies again once Lightning is imported
+  (Lightning sets its loggers to INFO on import), and ``enable_model_summary=False`` (:data:`TRAINER_DEFAULTS`);
+  train.py's results name the parameter count instead. Lightning's warnings still show, and go to the run's log
+  file too. The probe, which is not a Hydra job, takes the same levels from the same file.
+- The other processes of a multi-process run (DDP): their warnings repeat rank 0's and are not shown
+  (:func:`quiet_libraries`, by Lightning's ``rank_zero_only.rank``); train.py's results are printed by rank 0.
 - W&B's banner, its "anonymous setting" notice and its run summary: ``wandb.Settings(silent=True)`` through
   ``wandb.setup`` (:func:`quiet_wandb`); train.py says where the W&B run is.
 - Warnings about a library's own internals (a Lightning call that torch deprecates; ThroughputMonitor's request
@@ -22,7 +26,12 @@ import logging
 import warnings
 from collections.abc import Iterator
 
-from xl.config.compose import user_errors
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+
+from xl.config.compose import CONF_DIR, user_errors
+
+QUIET_LOGGING = CONF_DIR / "hydra" / "job_logging" / "quiet.yaml"  # the entry points' job logging
 
 # Trainer arguments the entry points pass unless the trainer group sets them.
 TRAINER_DEFAULTS = {"enable_model_summary": False}
@@ -37,6 +46,20 @@ INTERNAL_WARNINGS = (
 def quiet_warnings() -> None:
     for message, category, module in INTERNAL_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+
+
+def quiet_libraries() -> None:
+    """Once Lightning is imported: its loggers at the levels of the running job's logging config (outside a Hydra job,
+    of :data:`QUIET_LOGGING`), and, in a process other than rank 0, no warnings (rank 0 shows them once)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    loggers = (HydraConfig.get().job_logging if HydraConfig.initialized() else OmegaConf.load(QUIET_LOGGING)).get(
+        "loggers") or {}
+    for name, spec in loggers.items():
+        if spec.get("level"):
+            logging.getLogger(name).setLevel(spec.level)
+    if rank_zero_only.rank > 0:
+        warnings.simplefilter("ignore")
 
 
 def quiet_wandb(offline: bool) -> None:

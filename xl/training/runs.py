@@ -24,7 +24,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.rules import ConfigError
 from xl.model.transformer import TransformerXL
-from xl.training.build import build_datamodule
 from xl.training.checkpoint import Checkpoint, CheckpointError, existing_path
 
 CONFIG = Path(".hydra") / "config.yaml"
@@ -214,6 +213,8 @@ class TrainedRun:
 
     def datamodule(self) -> Any:
         """The run's data module, its corpus tokenised (the token cache is reused when it exists)."""
+        from xl.training.build import build_datamodule  # Lightning: only when the data is read
+
         cfg = OmegaConf.create({"data": self.data})
         datamodule = build_datamodule(cfg)
         self.checkpoint.check_tokenizer(datamodule.vocab_size, datamodule.tokenizer_fingerprint)

@@ -5,8 +5,8 @@ memory, so :class:`xl.training.callbacks.JobSummary` (a Lightning callback of th
 ``<run folder>/results.json``; ``python -m xl.evaluate`` writes its own there too (:mod:`xl.training.eval_results`).
 When a Hydra multirun ends, :func:`write_summary` (called by
 ``xl.training.hydra_callbacks.SweepSummary``) gathers the jobs' files into ``summary.csv``, ``summary.md`` and
-``summary.png`` in the sweep folder: the metric and the cost (cache MB, tokens/s) against ``mem_len`` (against
-``eval_mem_len`` for a sweep that evaluates one model with several memory lengths).
+``summary.png`` in the sweep folder: the metric and the cost (cache MB, tokens/s) against the setting that the sweep
+varies (:func:`series`).
 """
 
 from __future__ import annotations
@@ -17,23 +17,28 @@ import math
 from pathlib import Path
 from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 RESULTS_FILE = "results.json"  # what xl.training.callbacks.JobSummary writes into each job's folder
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per job folder (one holding ``.hydra/``), named by the overrides that differ between jobs.
+    """One row per job folder (one holding ``.hydra/``), named by the overrides that differ between jobs, which
+    ``varied`` holds as ``{key: value}`` (the plot's axes; the table leaves it out).
 
     Searched at any depth: an override value with a ``/`` (a path) puts the job folder deeper.
     """
     jobs = sorted(p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml"))
     overrides = [list(OmegaConf.load(job / ".hydra" / "overrides.yaml")) for job in jobs]
     common = set.intersection(*(set(o) for o in overrides)) if overrides else set()
+    parser = OverridesParser.create()
     rows = []
     for job, job_overrides in zip(jobs, overrides, strict=True):
         results = job / RESULTS_FILE
-        row: dict[str, Any] = {"job": ",".join(o for o in job_overrides if o not in common) or job.name}
+        differing = [o for o in job_overrides if o not in common]
+        row: dict[str, Any] = {"job": ",".join(differing) or job.name,
+                               "varied": {o.key_or_group: o.value() for o in parser.parse_overrides(differing)}}
         row.update(json.loads(results.read_text()) if results.is_file() else {"status": f"no {RESULTS_FILE}"})
         rows.append(row)
     return sorted(rows, key=lambda r: (r.get("mem_len", math.inf), r.get("eval_mem_len") or 0, r["job"]))
@@ -96,9 +101,32 @@ def x_axis(rows: list[dict[str, Any]]) -> str:
     return "eval_mem_len" if varies["eval_mem_len"] and not varies["mem_len"] else "mem_len"
 
 
+def series(rows: list[dict[str, Any]]) -> tuple[str, dict[str, list[tuple[Any, dict[str, Any]]]]]:
+    """What the plot draws: (the x-axis, ``{label: [(x, row), ...]}``, one series per line).
+
+    The x-axis is the first setting whose value differs between jobs (the rows' ``varied``, in command-line order),
+    and there is one series per combination of the other settings that vary, labelled by them, its points in order
+    of x. Where nothing varies (one job), the memory length (:func:`x_axis`)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r.get("varied", {})))
+    if not keys:
+        key = x_axis(rows)
+        return key, {"": [(r[key], r) for r in rows]}
+    key, others = keys[0], keys[1:]
+    lines: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
+    for r in rows:
+        varied = r.get("varied", {})
+        label = ", ".join(f"{k}={varied.get(k)}" for k in others)
+        lines.setdefault(label, []).append((varied.get(key), r))
+    numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for line in lines.values() for x, _ in line)
+    for line in lines.values():
+        line.sort(key=lambda point: point[0] if numeric else str(point[0]))
+    return key, lines
+
+
 def write_plot(rows: list[dict[str, Any]], sweep_dir: Path) -> Path:
-    """Left: val/test bits per byte (:func:`plotted_unit`) against the memory length (mem_len, or eval_mem_len for
-    an evaluation sweep); right: cache MB and tokens/s (training's, else evaluation's) against it."""
+    """Left: val/test bits per byte (:func:`plotted_unit`) against what the sweep varies (:func:`series`); right:
+    cache MB and tokens/s (training's, else evaluation's) against it. One line per combination of the other
+    settings that vary; points only where every job has its own combination (a search, such as Optuna's)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers; must precede pyplot
@@ -106,27 +134,41 @@ def write_plot(rows: list[dict[str, Any]], sweep_dir: Path) -> Path:
 
     measured = [r for r in rows if "mem_len" in r]
     unit = plotted_unit(measured)
-    key = x_axis(measured)
-    x = [r[key] for r in measured]
-    style = "o-" if len(set(x)) == len(x) else "o"  # several jobs per mem_len (e.g. Optuna): points only
+    key, lines = series(measured)
+    search = len(lines) > 1 and all(len(line) == 1 for line in lines.values())
+    if search:  # each point its own combination: one series of points, each named by the other settings
+        lines = {"": [point for line in lines.values() for point in line]}
+    speed_key = next((k for k in ("train_tok_s", "test/tok_s", "val/tok_s") if any(r.get(k) for r in measured)), None)
     fig, (quality, cost) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for split in ("val", "test"):
-        points = [(r[key], r[f"{split}/{unit}"]) for r in measured if r.get(f"{split}/{unit}") is not None]
-        if points:
-            quality.plot(*zip(*points, strict=True), style, label=split)
-    quality.set(xlabel=key, ylabel=unit, title=f"{unit} against memory length")
-    quality.legend()
-    cost.plot(x, [r["cache_mb"] for r in measured], style, color="tab:red")
-    cost.set(xlabel=key, title="cost against memory length")
-    evaluation = key == "eval_mem_len"
+    rate = cost.twinx() if speed_key else None
+    markers = "os^Dvx*"
+    for i, (label, points) in enumerate(lines.items()):
+        xs = [str(x) if not isinstance(x, int | float) else x for x, _ in points]
+        style = markers[i % len(markers)] + ("" if search or len(set(xs)) < len(xs) else "-")
+        suffix = f" ({label})" if label else ""
+        for split in ("val", "test"):
+            drawn = [(x, r[f"{split}/{unit}"]) for x, (_, r) in zip(xs, points, strict=True)
+                     if r.get(f"{split}/{unit}") is not None]
+            if drawn:
+                quality.plot(*zip(*drawn, strict=True), style, label=split + suffix)
+        cost.plot(xs, [r["cache_mb"] for _, r in points], style, color="tab:red")
+        if rate is not None:
+            drawn = [(x, r[speed_key]) for x, (_, r) in zip(xs, points, strict=True) if r.get(speed_key)]
+            if drawn:
+                rate.plot(*zip(*drawn, strict=True), style, color="tab:blue")
+    if search:
+        for x, r in lines[""]:
+            if r.get(f"val/{unit}") is not None:
+                quality.annotate(", ".join(f"{k}={v}" for k, v in r["varied"].items() if k != key),
+                                 (x, r[f"val/{unit}"]), fontsize=6)
+    quality.set(xlabel=key, ylabel=unit, title=f"{unit} against {key}")
+    quality.legend(fontsize=7)
+    cost.set(xlabel=key, title=f"cost against {key}")
+    evaluation = all("run_data" in r for r in measured)  # jobs of python -m xl.evaluate: evaluation's cache
     cost.set_ylabel(f"{'evaluation' if evaluation else 'training'} cache (MB)", color="tab:red")
     cost.set_ylim(bottom=0)
-    speed_key = next((k for k in ("train_tok_s", "test/tok_s", "val/tok_s") if any(r.get(k) for r in measured)), None)
-    if speed_key:
-        rate = cost.twinx()
-        rate.plot(*zip(*[(r[key], r[speed_key]) for r in measured if r.get(speed_key)], strict=True), style,
-                  color="tab:blue")
-        rate.set_ylabel(f"{'training' if speed_key == 'train_tok_s' else 'evaluation'} tokens/s", color="tab:blue")
+    if rate is not None:
+        rate.set_ylabel(f"{'evaluation' if evaluation else 'training'} tokens/s", color="tab:blue")
         rate.set_ylim(bottom=0)
     path = sweep_dir / "summary.png"
     fig.savefig(path, dpi=100)
