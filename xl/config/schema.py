@@ -303,6 +303,33 @@ class ExportSchema:
     data: Any = setting(MISSING)
 
 
+@dataclass
+class ScoreSchema:
+    """``conf/babilong.yaml`` (``python -m xl.babilong``)."""
+
+    ckpt: str = setting(MISSING, help="a run folder (its checkpoints/last.ckpt) or a .ckpt file")
+    tasks: list[str] = setting(factory=lambda: list(BABILONG_TASKS), help="the bAbI tasks", bound=Bound(
+        f"a list of {', '.join(BABILONG_TASKS)}", lambda v: len(v) > 0 and all(t in BABILONG_TASKS for t in v)))
+    lengths: list[Any] = setting(factory=lambda: [0, "1k", "2k", "4k"], help="context lengths in the run's tokens",
+                                 bound=Bound(f"a list of lengths, each {LENGTH_WORDS}",
+                                             lambda v: len(v) > 0 and all(is_length(x) for x in v)))
+    samples: int = setting(100, bound=POSITIVE, help="samples per task and length")
+    seed: int = setting(0, bound=COUNT, help="which test stories and background")
+    batch_size: int = setting(8, bound=POSITIVE, help="samples read at once")
+    max_new_tokens: int = setting(16, bound=POSITIVE, help="the longest answer generated")
+    mem_len: int | None = setting(None, bound=optional(POSITIVE), help="the decoder's memory; null: the run's")
+    clamp_len: int | None = setting(None, help="null: the run's; -1: no clamping")
+    same_length: bool | None = setting(None, help="null: the run's")
+    seg_len: int | None = setting(None, bound=optional(POSITIVE), help="segments read; null: the run's training length")
+    device: str = setting("auto", bound=one_of("auto", "cpu", "cuda"), help="auto: a CUDA GPU if there is one")
+    data: Any = setting(None, help="data/background=stdlib, pg19 or text: another background than the run's")
+    logger: Any = setting(None)
+    paths: PathsSchema = setting(factory=PathsSchema)
+    run_name: str | None = setting(None, help="the W&B run's name; null: the overrides")
+    tags: list[str] = setting(factory=list, help="the W&B run's tags")
+
+
+
 # Registered at the top level, not in the groups, so that no schema is an option of its group (``model=schema``) or
 # listed in ``--help``: each option file names its schema with an absolute path, ``/model_schema@_here_``.
 SCHEMAS: dict[str, Any] = {
@@ -320,6 +347,7 @@ SCHEMAS: dict[str, Any] = {
     "evaluate_schema": EvaluateSchema,
     "generate_schema": GenerateSchema,
     "export_schema": ExportSchema,
+    "babilong_score_schema": ScoreSchema,
 }
 
 
