@@ -4,9 +4,9 @@
 The ``memory`` group of ``conf/`` is one flat node: the shared context (``mem_len``, ``eval_mem_len``, ...,
 ``grad_segments``), ``_target_`` naming the variant's config class, and that class's own fields::
 
-    _target_: xl.memory.compressive.CompressiveConfig
+    _target_: mypackage.mymemory.MyMemoryConfig
     mem_len: 64
-    cmem_len: 64
+    my_setting: 4
 
 :func:`settings_class` types such a node: a dataclass of the shared fields and the variant's, whose bounds
 (:func:`xl.config.bounds.setting`) :mod:`xl.config.rules` checks like any schema's. :func:`variant_config` makes the
@@ -113,7 +113,7 @@ class MemoryConfig:
 
 
 def describe(config: MemoryConfig) -> str:
-    """The variant and its own settings in one cell of a table: ``compressive(cmem_len=64, cmem_rate=2, ...)``."""
+    """The variant and its own settings in one cell of a table: ``name(setting=value, ...)``."""
     own = ", ".join(f"{f.name}={getattr(config, f.name)}" for f in config.user_fields())
     return f"{config.name}({own})" if own else config.name
 
