@@ -27,7 +27,7 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from xl.config.bounds import Bound, at_least, is_int, one_of, optional, setting
+from xl.config.bounds import Bound, at_least, check_fields, is_int, one_of, optional, setting
 
 if TYPE_CHECKING:
     from xl.memory.base import Memory
@@ -77,11 +77,7 @@ class MemoryConfig:
     reads_afresh: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            bound = f.metadata.get("bound")
-            value = getattr(self, f.name)
-            if bound is not None and not bound.allows(value):
-                raise ValueError(f"memory.{f.name} must be {bound.says}, got {value!r}")
+        check_fields(self, "memory.")
 
     def memory(self, config: XLConfig) -> Memory:
         """The memory a model of ``config`` (whose ``memory`` is this) attends over."""

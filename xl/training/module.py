@@ -40,7 +40,7 @@ from xl.model.transformer import TransformerXL, XLOutput
 from xl.training.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
 from xl.training.footprint import memory_bytes
 from xl.training.metrics import UNITS, LMMetrics, quality, quality_name
-from xl.training.nonfinite import NonFiniteError, agree_across_ranks, step_fault  # noqa: F401 (re-exported)
+from xl.training.nonfinite import NonFiniteError, step_fault
 from xl.training.optim import OptimConfig, adamw, clip, warmup_cosine_schedule
 
 log = logging.getLogger(__name__)
