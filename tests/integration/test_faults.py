@@ -14,7 +14,7 @@ from omegaconf import open_dict
 
 from tests.conftest import compose_config, tiny_overrides
 from xl.training.build import build_callbacks, build_run
-from xl.training.module import NonFiniteError
+from xl.training.nonfinite import NonFiniteError
 
 
 class PoisonGradients(L.Callback):
@@ -48,7 +48,7 @@ def test_nonfinite_gradient_step_is_skipped_and_counted(tmp_path, corpus):
     for name, before in poison.weights[3].items():
         assert torch.equal(before, after_poisoned_step[name]), f"{name} changed in the skipped step"
     assert not torch.equal(poison.weights[4]["embed.weight"], poison.weights[5]["embed.weight"])
-    assert run.module.nonfinite_total == 1 and run.module.nonfinite_in_row == 0
+    assert run.module.nonfinite.total == 1 and run.module.nonfinite.in_row == 0
     assert all(torch.isfinite(p).all() for p in run.module.parameters())
 
 
@@ -96,7 +96,7 @@ def test_nonfinite_loss_is_skipped_and_its_memory_cleaned(tmp_path, corpus):
     for name, before in poison.weights[3].items():
         assert torch.equal(before, poison.weights[4][name]), f"{name} changed in the skipped step"
     assert not torch.equal(poison.weights[4]["embed.weight"], poison.weights[5]["embed.weight"])
-    assert poison.memory_finite and run.module.nonfinite_total == 1
+    assert poison.memory_finite and run.module.nonfinite.total == 1
 
 
 def precision_run(tmp_path, corpus, precision: str, *extra: str):
@@ -138,9 +138,9 @@ def test_every_automatic_precision_steps_with_clipping_and_skips_overflow(tmp_pa
         assert not torch.equal(poison.weights[step]["embed.weight"], poison.weights[step + 1]["embed.weight"])
     scaler = getattr(run.trainer.precision_plugin, "scaler", None)
     if precision == "16-mixed":
-        assert scaler.get_scale() == 2.0**15 and run.module.nonfinite_total == 0  # halved once, not a fault
+        assert scaler.get_scale() == 2.0**15 and run.module.nonfinite.total == 0  # halved once, not a fault
     else:
-        assert scaler is None and run.module.nonfinite_total == 1
+        assert scaler is None and run.module.nonfinite.total == 1
 
 
 def test_nonfinite_loss_under_a_grad_scaler_is_a_fault(tmp_path, corpus):
@@ -152,6 +152,6 @@ def test_nonfinite_loss_under_a_grad_scaler_is_a_fault(tmp_path, corpus):
         run.trainer.fit(run.module, datamodule=run.datamodule)
     for name, before in poison.weights[3].items():
         assert torch.equal(before, poison.weights[4][name]), f"{name} changed in the skipped step"
-    assert run.module.nonfinite_total == 1
+    assert run.module.nonfinite.total == 1
 
 

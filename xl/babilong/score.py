@@ -29,21 +29,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from hydra.core.config_store import ConfigStore
 from hydra.utils import instantiate
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from xl.babilong.report import HEATMAP, Cell, log_results, record, table, write_results
-from xl.config.bounds import Bound, one_of, optional, setting
 from xl.config.compose import entry_point
 from xl.config.rules import ConfigError, check_bounds
-from xl.config.schema import COUNT, POSITIVE, PathsSchema
 from xl.data.babilong.answers import is_correct
 from xl.data.babilong.background import Sentences
 from xl.data.babilong.data import token_counter
-from xl.data.babilong.lengths import WORDS, is_length, length_name, parse_length
+from xl.data.babilong.lengths import length_name, parse_length
 from xl.data.babilong.samples import Sample, samples
-from xl.data.babilong.tasks import LABELS, TASKS
+from xl.data.babilong.tasks import LABELS
 from xl.data.sources import StdlibSource
 from xl.generate import decoding_context
 from xl.training.console import errors_logged, quiet_warnings
@@ -52,33 +49,6 @@ from xl.training.runs import TrainedRun
 log = logging.getLogger("babilong")
 
 
-@dataclass
-class ScoreSchema:
-    """``conf/babilong.yaml`` (``python -m xl.babilong``)."""
-
-    ckpt: str = setting(MISSING, help="a run folder (its checkpoints/last.ckpt) or a .ckpt file")
-    tasks: list[str] = setting(factory=lambda: list(TASKS), help="the bAbI tasks", bound=Bound(
-        f"a list of {', '.join(TASKS)}", lambda v: len(v) > 0 and all(t in TASKS for t in v)))
-    lengths: list[Any] = setting(factory=lambda: [0, "1k", "2k", "4k"], help="context lengths in the run's tokens",
-                                 bound=Bound(f"a list of lengths, each {WORDS}",
-                                             lambda v: len(v) > 0 and all(is_length(x) for x in v)))
-    samples: int = setting(100, bound=POSITIVE, help="samples per task and length")
-    seed: int = setting(0, bound=COUNT, help="which test stories and background")
-    batch_size: int = setting(8, bound=POSITIVE, help="samples read at once")
-    max_new_tokens: int = setting(16, bound=POSITIVE, help="the longest answer generated")
-    mem_len: int | None = setting(None, bound=optional(POSITIVE), help="the decoder's memory; null: the run's")
-    clamp_len: int | None = setting(None, help="null: the run's; -1: no clamping")
-    same_length: bool | None = setting(None, help="null: the run's")
-    seg_len: int | None = setting(None, bound=optional(POSITIVE), help="segments read; null: the run's training length")
-    device: str = setting("auto", bound=one_of("auto", "cpu", "cuda"), help="auto: a CUDA GPU if there is one")
-    data: Any = setting(None, help="data/background=stdlib, pg19 or text: another background than the run's")
-    logger: Any = setting(None)
-    paths: PathsSchema = setting(factory=PathsSchema)
-    run_name: str | None = setting(None, help="the W&B run's name; null: the overrides")
-    tags: list[str] = setting(factory=list, help="the W&B run's tags")
-
-
-ConfigStore.instance().store(name="babilong_score_schema", node=ScoreSchema, provider="xl")
 
 
 @dataclass

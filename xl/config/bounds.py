@@ -124,6 +124,15 @@ def describe_type(hint: Any) -> str:
     return choices[0] if len(choices) == 1 else f"{', '.join(choices[:-1])} or {choices[-1]}"
 
 
+def check_fields(obj: Any, prefix: str) -> None:
+    """Raise ValueError, in one sentence naming ``prefix + field``, for the first field of the dataclass instance
+    ``obj`` whose value breaks the bound declared beside it (:func:`setting`)."""
+    for f in dataclasses.fields(obj):
+        bound, value = bound_of(f), getattr(obj, f.name)
+        if bound is not None and not bound.allows(value):
+            raise ValueError(f"{prefix}{f.name} must be {bound.says}, got {shown(value)!r}")
+
+
 def shown(value: Any) -> Any:
     """A config value as the user wrote it (a list node as a list)."""
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value

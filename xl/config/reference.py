@@ -18,6 +18,7 @@ from xl.config.schema import (
     EvaluateSchema,
     FilesDataSchema,
     GenerateSchema,
+    ScoreSchema,
     SourceDataSchema,
     TrainSchema,
 )
@@ -117,8 +118,6 @@ def reference() -> str:
     lines += table("`memory` of `python -m xl.evaluate`", context, "memory.", context.__doc__.replace("\n", " "))
     lines += table("`python -m xl.generate`", GenerateSchema, "", "The data are the run's (`data=run`), as in "
                    "evaluation.")
-    from xl.babilong.score import ScoreSchema  # the scorer's own schema
-
     lines += table("`python -m xl.babilong`", ScoreSchema, "", "See [BABILong-style tasks](babilong.md).")
     return "\n".join(lines).rstrip() + "\n"
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -120,16 +119,6 @@ def check_grad_segments(grad_segments: Any) -> None:
                          f"as Transformer-XL does), got {grad_segments!r}")
 
 
-def check_optim(lr: float, warmup_steps: int, min_lr_ratio: float) -> None:
-    """What the optimizer's schedule needs (xl.training.optim.OptimConfig)."""
-    if not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"optim.lr must be a finite number > 0, got {lr}")
-    if warmup_steps < 0:
-        raise ValueError(f"optim.warmup_steps must be >= 0, got {warmup_steps}")
-    if not 0.0 <= min_lr_ratio <= 1.0:
-        raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
-
-
 # ---- a composed config ----------------------------------------------------------------------------------------
 def schema_bounds(node: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
     """(full key, value, bound) of every leaf under ``node`` whose schema field declares a bound."""
@@ -224,7 +213,6 @@ def check_config(cfg: DictConfig, vocabulary: Callable[[], int]) -> None:
     check_memory(cfg)
     check_model_settings(model_values(cfg, vocabulary()), fitted=cfg.model.get("cutoffs") is None)
     try:
-        check_optim(cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
         check_trainer(cfg)
     except ValueError as err:
         raise ConfigError(str(err)) from None

@@ -19,13 +19,14 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from xl.config.bounds import Bound, above, at_least, between, is_int, is_number, one_of, optional, setting
+from xl.config.bounds import Bound, at_least, between, is_int, is_number, one_of, optional, setting
 from xl.config.callback_schema import CALLBACKS, LOGGERS
 from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
 from xl.data.babilong.lengths import is_length
 from xl.data.babilong.tasks import TASKS as BABILONG_TASKS
 from xl.memory.settings import CLAMP_OR_NULL, DOC_BOUNDARIES, MemorySettings
 from xl.model.config import XLConfig
+from xl.training.optim import OptimConfig
 
 OUTPUT_DIR = "${hydra:runtime.output_dir}"
 TOKENIZERS = ("byte", "char", "word", "bpe", "unigram")  # xl.data.tokenizers.TOKENIZERS (a test keeps them equal)
@@ -145,19 +146,6 @@ class BabilongDataSchema(DataSchema):
 
 # ---- optimization and the trainer ---------------------------------------------------------------------------------
 @dataclass
-class OptimSchema:
-    """``optim``: AdamW, linear warm-up then cosine decay to ``min_lr_ratio × lr`` (xl.training.optim.OptimConfig)."""
-
-    lr: float = setting(1e-3, bound=above(0), help="peak learning rate")
-    weight_decay: float = setting(0.0, bound=at_least(0, "a finite number"), help="AdamW's, on matrices only")
-    betas: list[float] = setting(factory=lambda: [0.9, 0.999], help="AdamW's", bound=Bound(
-        "two numbers in [0, 1)", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)))
-    eps: float = setting(1e-8, bound=above(0), help="AdamW's")
-    warmup_steps: int = setting(100, bound=COUNT, help="linear warm-up")
-    min_lr_ratio: float = setting(0.0, bound=between(0, 1, high_open=False), help="the LR at the end, × lr")
-
-
-@dataclass
 class TrainerSchema:
     """``trainer``: ``lightning.pytorch.Trainer``'s arguments that the configs set; ``+trainer.X=...`` adds others."""
 
@@ -215,7 +203,7 @@ class TrainSchema:
     model: ModelSchema = setting(factory=ModelSchema)
     memory: Any = setting(MISSING)  # typed by its variant (xl.memory.settings.typed)
     data: Any = setting(MISSING)
-    optim: OptimSchema = setting(factory=OptimSchema)
+    optim: OptimConfig = setting(factory=OptimConfig)
     trainer: TrainerSchema = setting(factory=TrainerSchema)
     logger: Any = setting(None)
     callbacks: Any = setting(None)
@@ -303,6 +291,33 @@ class ExportSchema:
     data: Any = setting(MISSING)
 
 
+@dataclass
+class ScoreSchema:
+    """``conf/babilong.yaml`` (``python -m xl.babilong``)."""
+
+    ckpt: str = setting(MISSING, help="a run folder (its checkpoints/last.ckpt) or a .ckpt file")
+    tasks: list[str] = setting(factory=lambda: list(BABILONG_TASKS), help="the bAbI tasks", bound=Bound(
+        f"a list of {', '.join(BABILONG_TASKS)}", lambda v: len(v) > 0 and all(t in BABILONG_TASKS for t in v)))
+    lengths: list[Any] = setting(factory=lambda: [0, "1k", "2k", "4k"], help="context lengths in the run's tokens",
+                                 bound=Bound(f"a list of lengths, each {LENGTH_WORDS}",
+                                             lambda v: len(v) > 0 and all(is_length(x) for x in v)))
+    samples: int = setting(100, bound=POSITIVE, help="samples per task and length")
+    seed: int = setting(0, bound=COUNT, help="which test stories and background")
+    batch_size: int = setting(8, bound=POSITIVE, help="samples read at once")
+    max_new_tokens: int = setting(16, bound=POSITIVE, help="the longest answer generated")
+    mem_len: int | None = setting(None, bound=optional(POSITIVE), help="the decoder's memory; null: the run's")
+    clamp_len: int | None = setting(None, help="null: the run's; -1: no clamping")
+    same_length: bool | None = setting(None, help="null: the run's")
+    seg_len: int | None = setting(None, bound=optional(POSITIVE), help="segments read; null: the run's training length")
+    device: str = setting("auto", bound=one_of("auto", "cpu", "cuda"), help="auto: a CUDA GPU if there is one")
+    data: Any = setting(None, help="data/background=stdlib, pg19 or text: another background than the run's")
+    logger: Any = setting(None)
+    paths: PathsSchema = setting(factory=PathsSchema)
+    run_name: str | None = setting(None, help="the W&B run's name; null: the overrides")
+    tags: list[str] = setting(factory=list, help="the W&B run's tags")
+
+
+
 # Registered at the top level, not in the groups, so that no schema is an option of its group (``model=schema``) or
 # listed in ``--help``: each option file names its schema with an absolute path, ``/model_schema@_here_``.
 SCHEMAS: dict[str, Any] = {
@@ -312,7 +327,7 @@ SCHEMAS: dict[str, Any] = {
     "data_schema": SourceDataSchema,
     "data_files_schema": FilesDataSchema,
     "data_babilong_schema": BabilongDataSchema,
-    "optim_schema": OptimSchema,
+    "optim_schema": OptimConfig,
     "trainer_schema": TrainerSchema,
     "callbacks_schema": CALLBACKS,
     **{f"logger_{name}_schema": {name: schema} for name, schema in LOGGERS.items()},
@@ -320,6 +335,7 @@ SCHEMAS: dict[str, Any] = {
     "evaluate_schema": EvaluateSchema,
     "generate_schema": GenerateSchema,
     "export_schema": ExportSchema,
+    "babilong_score_schema": ScoreSchema,
 }
 
 

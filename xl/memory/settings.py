@@ -4,9 +4,9 @@
 The ``memory`` group of ``conf/`` is one flat node: the shared context (``mem_len``, ``eval_mem_len``, ...,
 ``grad_segments``), ``_target_`` naming the variant's config class, and that class's own fields::
 
-    _target_: xl.memory.compressive.CompressiveConfig
+    _target_: mypackage.mymemory.MyMemoryConfig
     mem_len: 64
-    cmem_len: 64
+    my_setting: 4
 
 :func:`settings_class` types such a node: a dataclass of the shared fields and the variant's, whose bounds
 (:func:`xl.config.bounds.setting`) :mod:`xl.config.rules` checks like any schema's. :func:`variant_config` makes the
@@ -27,7 +27,7 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from xl.config.bounds import Bound, at_least, is_int, one_of, optional, setting
+from xl.config.bounds import Bound, at_least, check_fields, is_int, one_of, optional, setting
 
 if TYPE_CHECKING:
     from xl.memory.base import Memory
@@ -77,11 +77,7 @@ class MemoryConfig:
     reads_afresh: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            bound = f.metadata.get("bound")
-            value = getattr(self, f.name)
-            if bound is not None and not bound.allows(value):
-                raise ValueError(f"memory.{f.name} must be {bound.says}, got {value!r}")
+        check_fields(self, "memory.")
 
     def memory(self, config: XLConfig) -> Memory:
         """The memory a model of ``config`` (whose ``memory`` is this) attends over."""
@@ -113,7 +109,7 @@ class MemoryConfig:
 
 
 def describe(config: MemoryConfig) -> str:
-    """The variant and its own settings in one cell of a table: ``compressive(cmem_len=64, cmem_rate=2, ...)``."""
+    """The variant and its own settings in one cell of a table: ``name(setting=value, ...)``."""
     own = ", ".join(f"{f.name}={getattr(config, f.name)}" for f in config.user_fields())
     return f"{config.name}({own})" if own else config.name
 

@@ -16,7 +16,7 @@ step. Both are computed once, unlike the 2019 code, which re-projects the whole 
 
 The memory's rule decides what leaves the window (:func:`xl.memory.eviction.leaving`, the forward pass's rule too):
 the states beyond it, in whole groups of the memory's rate. A memory that keeps slots (the compressive memory,
-:mod:`xl.memory.compressive`) compresses each group that leaves into one slot (at most ``cmem_len``, oldest
+:mod:`xl.memory.compressive`) compresses each group that leaves into one slot (at most ``slot_len``, oldest
 dropped), whose keys and values are projected once, when the slot is made; a token attends over ``slots ∘ memory ∘
 itself``, distances counted in slots, as in the forward. Up to ``rate - 1`` states beyond the window wait in the
 memory, visible as ordinary positions, until their group is complete, as in the forward: a prompt read in segments

@@ -44,7 +44,7 @@ from xl.config.rules import model_values, processes_per_device
 from xl.data import make_tokenizer
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL, count_parameters
-from xl.training.headroom import NAMES, SETTINGS, WARN_FRACTION, verdict  # noqa: F401 (re-exported)
+from xl.training.headroom import NAMES, SETTINGS, verdict
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -3,20 +3,13 @@
 Each batch is the next segment of every stream (see ``xl.data.stream``). A step reads the stage's memory, runs
 the segment over ``StopGrad(memory) ∘ segment``, and writes the new memory back for the next step (truncated
 BPTT: the forward context crosses the segment boundary, gradients do not). The memory itself, one per stage and
-per rank, lives in :class:`xl.memory.MemoryStore`: plain attributes, not buffers, so DDP never broadcasts rank 0's
+per rank, lives in :class:`xl.memory.store.MemoryStore`: plain attributes, not buffers, so DDP never broadcasts rank 0's
 copy over the other ranks' rows.
 
 With ``grad_segments`` k > 1 (``memory.grad_segments``) gradients cross segment boundaries inside windows of k
-segments, as the Recurrent Memory Transformer trains its memory (Bulatov et al., 2022): TBPTT(k, k). The forward
-is unchanged (every segment sees the memory it sees with k = 1). The memory the first k-1 segments of a window
-write stays in the graph; the window's last segment writes it detached; the k losses are back-propagated
-together at the window's end, and the optimizer steps once per window (per ``accumulate_grad_batches`` windows):
-the trainer's accumulation is multiplied by k for the fit, so global steps, the LR schedule, clipping, DDP's
-gradient sync and the non-finite skip all act once per optimizer step, as they do for accumulated batches.
-Windows restart at every epoch (with the streams); an epoch's last window may be shorter. It is all done with
-Lightning's automatic optimization and its public hooks (``backward``, ``configure_gradient_clipping``,
-``on_before_optimizer_step``), so Lightning's own accumulation, clipping, precision plugins and checkpointed loop
-state serve the windows unchanged.
+segments, as the Recurrent Memory Transformer trains its memory (Bulatov et al., 2022): TBPTT(k, k), all of it in
+:mod:`xl.training.window`. A non-finite loss or gradient is handled by :mod:`xl.training.nonfinite`'s policy. Both
+act through Lightning's automatic optimization and its public hooks.
 """
 
 from __future__ import annotations
@@ -26,7 +19,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
@@ -40,8 +32,9 @@ from xl.model.transformer import TransformerXL, XLOutput
 from xl.training.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
 from xl.training.footprint import memory_bytes
 from xl.training.metrics import UNITS, LMMetrics, quality, quality_name
-from xl.training.nonfinite import NonFiniteError, agree_across_ranks, step_fault  # noqa: F401 (re-exported)
+from xl.training.nonfinite import NonFiniteSteps
 from xl.training.optim import OptimConfig, adamw, clip, warmup_cosine_schedule
+from xl.training.window import GradientWindow
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +72,7 @@ class XLLitModule(L.LightningModule):
         check_grad_segments(grad_segments)
         self.config.memory.check_window(grad_segments, self.config.mem_len)
         self.grad_segments = grad_segments
-        self.window_losses: list[Tensor] = []  # losses of the open window, back-propagated when it closes
-        self.window_closes = True  # the current segment is the last of its window
-        self.accumulation_set: tuple[L.Trainer, int, int] | None = None  # (trainer, its own setting, the one set)
+        self.window = GradientWindow(grad_segments)  # gradients through windows of segments: xl.training.window
         self.optim = OptimConfig(**(optim or {}))
         self.eval_context = {
             "mem_len": self.config.mem_len if eval_mem_len is None else eval_mem_len,
@@ -92,9 +83,7 @@ class XLLitModule(L.LightningModule):
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {list(UNITS)}, got {unit!r}")
         self.unit = unit
-        if max_nonfinite_steps < 1:
-            raise ValueError(f"max_nonfinite_steps must be >= 1, got {max_nonfinite_steps}")
-        self.max_nonfinite_steps = max_nonfinite_steps
+        self.nonfinite = NonFiniteSteps(max_nonfinite_steps)  # the non-finite policy: xl.training.nonfinite
         if doc_boundaries not in DOC_BOUNDARIES:
             raise ValueError(f"memory.doc_boundaries must be reset or ignore, got {doc_boundaries!r}")
         self.doc_boundaries = doc_boundaries
@@ -103,14 +92,6 @@ class XLLitModule(L.LightningModule):
         if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context["mem_len"]):
             log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
                      "segment are hidden")
-        # Counted on the device every step, read on the host once per logging interval.
-        self.nonfinite_in_row = 0
-        self.nonfinite_total = 0
-        self.register_buffer("bad_in_row", torch.zeros((), dtype=torch.long), persistent=False)
-        self.register_buffer("bad_worst", torch.zeros((), dtype=torch.long), persistent=False)
-        self.register_buffer("bad_total", torch.zeros((), dtype=torch.long), persistent=False)
-        self.register_buffer("bad_loss", torch.zeros((), dtype=torch.bool), persistent=False)  # since the
-        # last optimizer step
         self.model = TransformerXL(self.config)
         self.memory = MemoryStore()
         self.tokenizer_fingerprint: str | None = None  # the data module's, from setup; saved in checkpoints
@@ -161,10 +142,9 @@ class XLLitModule(L.LightningModule):
             # a run resumed mid-epoch keeps the memory and the epoch's loss sums it restored from the checkpoint.
             self.memory.reset("train")
             self.metrics.sums["train_nll"].reset()
-        if self.grad_segments > 1:
-            self.window_closes = self.segment_closes_window(batch_idx)
+        closes = self.window.open_segment(batch_idx, self.trainer)
         x, y, documents = split_batch(batch)
-        out = self.run_segment(x, "train", y, documents, detach_memory=self.window_closes)
+        out = self.run_segment(x, "train", y, documents, detach_memory=closes)
         loss = out.loss
         # Nothing here waits for the device: a non-finite loss is handled where it lands, without a
         # host-side branch. Its memory would poison every later step, so non-finite entries are zeroed
@@ -174,7 +154,7 @@ class XLLitModule(L.LightningModule):
         with torch.no_grad():
             for m in self.memory.mems["train"]:
                 m.nan_to_num_(0.0, 0.0, 0.0)
-        self.bad_loss = self.bad_loss | ~torch.isfinite(loss.detach())
+        self.nonfinite.loss(loss)
         values = self.metrics.update("train", loss, batch[1], target_bytes(batch))
         self.log_dict(values, on_step=True, prog_bar=True, batch_size=batch[1].size(0))
         if out.recon_loss is None:
@@ -184,33 +164,9 @@ class XLLitModule(L.LightningModule):
         self.log("train/recon_loss", out.recon_loss.detach(), on_step=True, batch_size=batch[1].size(0))
         return loss + out.recon_loss
 
-    def segment_closes_window(self, batch_idx: int) -> bool:
-        """Whether this segment is the last of its window: the k-th, or the last before an optimizer step (the end
-        of an epoch). A fit resumed from a checkpoint inside a window finishes that window without the segments
-        before the checkpoint (their graph is not saved), as accumulated gradients are not; the forward is exact."""
-        position = batch_idx % self.grad_segments
-        if position and not self.window_losses:
-            rank_zero_warn(f"resumed inside a window of memory.grad_segments={self.grad_segments} segments: its "
-                           f"first {position} segment(s), before the checkpoint, add nothing to its gradient")
-        return position == self.grad_segments - 1 or self.optimizer_steps_after(batch_idx)
-
-    def optimizer_steps_after(self, batch_idx: int) -> bool:
-        """Whether Lightning steps the optimizer after this batch: its accumulation is reached (counted from the
-        epoch's first batch, as Lightning counts it, also in an epoch resumed midway), or the epoch ends. The
-        ordered loader is sized, so ``num_training_batches`` is where the epoch ends."""
-        trainer = self.trainer
-        return (batch_idx + 1) % trainer.accumulate_grad_batches == 0 or batch_idx + 1 >= trainer.num_training_batches
-
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        """With ``grad_segments`` > 1: keep the window's losses and back-propagate their sum when it closes (the
-        segments' graphs are joined by the attached memory, so one backward pass serves them all)."""
-        if self.grad_segments == 1:
-            super().backward(loss, *args, **kwargs)
-            return
-        self.window_losses.append(loss)
-        if self.window_closes:
-            window, self.window_losses = self.window_losses, []
-            super().backward(torch.stack(window).sum(), *args, **kwargs)
+        """Back-propagated when its window of ``grad_segments`` closes (:class:`GradientWindow`)."""
+        self.window.backward(loss, lambda total: super(XLLitModule, self).backward(total, *args, **kwargs))
 
     def setup(self, stage: str) -> None:
         """Count scored bytes with the data's byte-length table and ``<unk>`` id (none without a data module that
@@ -222,40 +178,16 @@ class XLLitModule(L.LightningModule):
                                      getattr(datamodule, "unk_id", None))
         self.tokenizer_fingerprint = getattr(datamodule, "tokenizer_fingerprint", None)
         self.data_identity = getattr(datamodule, "identity", None)  # saved in checkpoints
-        if stage != "fit" or self.grad_segments == 1:
-            return
-        trainer = self.trainer
-        if trainer.strategy.handles_gradient_accumulation or any(
-                isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
-            raise ValueError("memory.grad_segments > 1 sets the trainer's gradient accumulation itself; it cannot be "
-                             "combined with a strategy or callback that changes it")
-        own = trainer.accumulate_grad_batches
-        earlier = self.accumulation_set
-        if earlier is not None and earlier[0] is trainer and own == earlier[2]:
-            own = earlier[1]  # an earlier fit of this trainer ended without its teardown
-        trainer.accumulate_grad_batches = own * self.grad_segments
-        self.accumulation_set = (trainer, own, trainer.accumulate_grad_batches)
+        if stage == "fit":
+            self.window.start_fit(self.trainer)
 
     def teardown(self, stage: str) -> None:
-        if stage == "fit" and self.accumulation_set is not None:
-            trainer, own, _ = self.accumulation_set
-            trainer.accumulate_grad_batches = own
-            self.accumulation_set = None
-
-    def on_train_start(self) -> None:
-        self.window_losses = []
+        if stage == "fit":
+            self.window.end_fit()
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Skip an update whose loss or gradients are not finite, decided on the device (:func:`step_fault`), and
-        count the faults in a row, the worst run and the total, on the device too."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        loss_bad, self.bad_loss = self.bad_loss, torch.zeros_like(self.bad_loss)
-        bad = step_fault(grads, loss_bad, optimizer, getattr(self.trainer.precision_plugin, "scaler", None))
-        if bad is None:
-            return
-        self.bad_in_row = (self.bad_in_row + 1) * bad
-        self.bad_worst = torch.maximum(self.bad_worst, self.bad_in_row)
-        self.bad_total = self.bad_total + bad
+        self.nonfinite.before_optimizer_step(list(self.model.parameters()), optimizer,
+                                             getattr(self.trainer.precision_plugin, "scaler", None))
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:
@@ -274,30 +206,15 @@ class XLLitModule(L.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.global_step % self.trainer.log_every_n_steps == 0:
-            self.check_nonfinite()
-            if self.nonfinite_total:
-                self.log("train/nonfinite_steps", float(self.nonfinite_total))
+            self.nonfinite.check(self.global_step)
+            if self.nonfinite.total:
+                self.log("train/nonfinite_steps", float(self.nonfinite.total))
 
     def on_train_end(self) -> None:
         mems = self.memory.mems["train"]
-        if self.grad_segments > 1 and mems is not None:  # a fit stopped inside a window (a signal): free its graph
-            self.window_losses = []
+        if self.window.drop() and mems is not None:  # a fit stopped inside a window (a signal): free its graph
             self.memory.write("train", [m.detach() for m in mems])
-        self.check_nonfinite()
-
-    def check_nonfinite(self) -> None:
-        """Read the device-side counts of skipped steps (once per logging interval): warn, or stop the run."""
-        total, worst = int(self.bad_total), int(self.bad_worst)
-        if total > self.nonfinite_total:
-            rank_zero_warn(f"{total - self.nonfinite_total} step(s) with a non-finite loss or gradient were skipped "
-                           f"(found by step {self.global_step})")
-            self.nonfinite_total = total
-        self.nonfinite_in_row = int(self.bad_in_row)
-        if worst >= self.max_nonfinite_steps:
-            raise NonFiniteError(
-                f"non-finite loss or gradient for {worst} steps in a row (found by step {self.global_step}); "
-                "lower optim.lr or set trainer.gradient_clip_val"
-            )
+        self.nonfinite.check(self.global_step)
 
     def on_train_epoch_end(self) -> None:
         self.log_epoch("train")

@@ -9,23 +9,24 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from xl.config.rules import check_optim
+from xl.config.bounds import Bound, above, at_least, between, check_fields, setting
 
 
 @dataclass
 class OptimConfig:
-    """AdamW with linear warm-up then cosine decay to ``min_lr_ratio × lr`` (checked by xl.config.rules.check_optim)."""
+    """``optim``: AdamW, linear warm-up then cosine decay to ``min_lr_ratio × lr``. The ``optim`` group's schema too
+    (:mod:`xl.config.schema`): each field's type, default, bound and help are declared once, here."""
 
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
+    lr: float = setting(1e-3, bound=above(0), help="peak learning rate")
+    weight_decay: float = setting(0.0, bound=at_least(0, "a finite number"), help="AdamW's, on matrices only")
+    betas: list[float] = setting(factory=lambda: [0.9, 0.999], help="AdamW's", bound=Bound(
+        "two numbers in [0, 1)", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)))
+    eps: float = setting(1e-8, bound=above(0), help="AdamW's")
+    warmup_steps: int = setting(100, bound=at_least(0), help="linear warm-up")
+    min_lr_ratio: float = setting(0.0, bound=between(0, 1, high_open=False), help="the LR at the end, × lr")
 
     def __post_init__(self) -> None:
-        check_optim(self.lr, self.warmup_steps, self.min_lr_ratio)
-        self.betas = tuple(self.betas)
+        check_fields(self, "optim.")
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -48,7 +49,7 @@ def adamw(model: nn.Module, o: OptimConfig, scaled: bool) -> torch.optim.AdamW:
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=o.lr, betas=o.betas, eps=o.eps, fused=not scaled, foreach=True if scaled else None,
+        lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=not scaled, foreach=True if scaled else None,
     )
 
 

@@ -21,7 +21,7 @@ from xl.config.callback_schema import CALLBACKS, LOGGERS
 from xl.config.compose import compose as compose_or_explain
 from xl.config.reference import generated_part, reference
 from xl.config.rules import check_memory
-from xl.config.schema import SCHEMAS, FilesDataSchema, ModelSchema, OptimSchema
+from xl.config.schema import SCHEMAS, FilesDataSchema, ModelSchema
 from xl.data import SegmentDataModule
 from xl.data.tokenizers import TOKENIZERS
 from xl.memory.settings import MemorySettings, config_class, variant_config
@@ -29,7 +29,8 @@ from xl.model.config import XLConfig
 from xl.model.transformer import count_parameters
 from xl.training.build import ConfigError, build_callbacks, build_loggers, check_device, model_config
 from xl.training.footprint import PRECISION_BYTES
-from xl.training.module import OptimConfig, XLLitModule
+from xl.training.module import XLLitModule
+from xl.training.optim import OptimConfig
 
 
 def options(group: str) -> list[str]:
@@ -253,7 +254,7 @@ def test_schema_mirrors_the_code_it_configures():
                 default = f.default_factory() if f.default is dataclasses.MISSING else f.default
                 ours = getattr(XLConfig, f.name)
                 assert (default if ours is None else type(ours)(default)) == ours, f.name
-    assert names(OptimSchema) == {f.name for f in dataclasses.fields(OptimConfig)}
+    assert SCHEMAS["optim_schema"] is OptimConfig  # the optimizer's settings are its schema: one dataclass
     data_args = set(inspect.signature(SegmentDataModule).parameters) - {"source"}
     assert names(FilesDataSchema) == data_args | set(inspect.signature(SegmentDataModule.from_files).parameters) - {
         "kwargs"}
@@ -310,6 +311,10 @@ def test_option_files_state_only_what_differs(group, option):
     if group == "memory":  # the file is its variant's constructor: it names the class and shows each of its settings
         variant = config_class(body["_target_"])
         assert {f.name for f in variant.user_fields()} <= set(body), f"memory/{option}.yaml leaves a setting out"
+        return
+    if (group, option) == ("optim", "adamw"):  # the only optimizer: its file shows every value a user would change
+        assert set(body) == {f.name for f in dataclasses.fields(OptimConfig)}
+        assert OptimConfig(**body) == OptimConfig()  # and they are the defaults
         return
     base: dict = {}
     for entry in entries:

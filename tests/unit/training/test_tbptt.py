@@ -392,7 +392,7 @@ def test_nonfinite_window_is_skipped_and_its_memory_cleaned(tmp_path, corpus):
         assert torch.equal(before, poison.weights[4][name]), f"{name} changed in the skipped step"
     assert not torch.equal(poison.weights[4]["embed.weight"], poison.weights[5]["embed.weight"])
     assert all(torch.isfinite(torch.tensor(poison.losses[s])) for s in (4, 5))
-    assert poison.memory_finite and run.module.nonfinite_total == 1 and run.trainer.global_step == 6
+    assert poison.memory_finite and run.module.nonfinite.total == 1 and run.trainer.global_step == 6
 
 
 def test_window_steps_never_wait_for_the_device(tiny_cfg):
