@@ -162,6 +162,10 @@ class JobSummary(L.Callback):
         return {"train_seconds": self.train_seconds, "train_tokens": self.train_tokens, "wall_s": self.wall_s()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A resumed fit continues the checkpoint's counts; a test after this session's fit (which reloads the best
+        checkpoint) keeps this session's, which already include the checkpoint's."""
+        if self.fitted:
+            return
         self.train_seconds = state_dict["train_seconds"]
         self.train_tokens = state_dict["train_tokens"]
         self.earlier_wall_s = state_dict["wall_s"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -27,6 +28,18 @@ def test_job_summary_records_metrics_speed_and_cost(tmp_path, corpus):
     assert results["cache_mb"] == cache_footprint(16, 32, 2, 4).mib
     assert results["train_tokens"] == 20 * 4 * 16 and results["train_tok_s"] > 0 and results["wall_s"] > 0
     assert (results["grad_segments"], results["memory"], results["doc_boundaries"]) == (1, "cache", "reset")
+
+
+def test_the_test_after_a_fit_keeps_the_fits_time_and_tokens(tmp_path, corpus):
+    """The test reloads the best checkpoint, whose callback state holds the counts up to it: the summary still counts
+    the whole fit, once, and no more time than the session took."""
+    started = time.perf_counter()
+    run = build_run(compose_config(*tiny_overrides(tmp_path, corpus)))
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    run.trainer.test(run.module, datamodule=run.datamodule, ckpt_path="best", verbose=False)
+    session = time.perf_counter() - started
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["train_tokens"] == 20 * 4 * 16 and 0 < results["wall_s"] <= session
 
 
 def test_job_summary_records_the_memory_variant_and_its_cache(tmp_path, corpus):
