@@ -222,3 +222,43 @@ def test_one_sentence_refusals():
         KnnConfig(knn_layers=[1, 1])
     with pytest.raises(ValueError, match="memory.knn_search must be"):
         KnnConfig(knn_search="annoy")
+
+
+# ---- through the entry points -----------------------------------------------------------------------------------
+KNN_RUN = ("memory=knn", "memory.knn_size=64", "memory.knn_top_k=4")
+
+
+def test_a_run_trains_evaluates_and_is_sized_with_its_stores(tmp_path, corpus):
+    from tests.conftest import compose_config, tiny_overrides
+    from xl.training.build import build_run
+    from xl.training.footprint import run_estimate
+
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), *KNN_RUN, "trainer.max_steps=4",
+                         "trainer.val_check_interval=4")
+    run = build_run(cfg)
+    assert isinstance(run.module.model.memory, KnnMemory) and run.module.model.memory.layers == (1,)  # tiny: 2 layers
+    before = run.module.model.retrieval[0].gate.detach().clone()
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert not torch.equal(before, run.module.model.retrieval[0].gate)  # the gate trains
+    assert math.isfinite(float(run.trainer.callback_metrics["val/loss"]))
+    *cache, keys, values, count = run.module.memory.mems["train"]
+    assert count.dtype == torch.int64 and int(count.min()) > 0 and not keys.requires_grad
+    model = run.module.model.config
+    footprint, _ = run_estimate(cfg)
+    # The cache, the store (keys and values of 64 entries per head) and the exact search's scores, per row.
+    per_row = model.n_layer * 16 + math.ceil((2 * model.n_head * 64 * model.d_head + model.n_head * 16 * 64)
+                                             / model.d_model)
+    assert footprint.train_memory == per_row * model.d_model * 4 * 4  # × batch 4 × float32
+
+
+def test_resume_is_exact_with_the_stores_in_the_checkpoint(tmp_path, corpus):
+    from tests.integration.test_resume import STOP_AT, assert_resumed_as_unbroken, fit, resume_cfg
+    from xl.training.checkpoint import Checkpoint
+
+    whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole", *KNN_RUN))
+    first, _ = fit(resume_cfg(tmp_path, corpus, "first", *KNN_RUN, f"trainer.max_steps={STOP_AT}"))
+    ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
+    packed = Checkpoint.open(ckpt).train_memory
+    assert packed[-1].dtype == torch.int64 and int(packed[-1].min()) > 0  # the stores' counts, filled
+    second, second_losses = fit(resume_cfg(tmp_path, corpus, "second", *KNN_RUN, f"ckpt_path={ckpt}"))
+    assert_resumed_as_unbroken(whole, whole_losses, second, second_losses)
