@@ -145,8 +145,8 @@ def test_the_same_positions_enter_the_store_whatever_the_segment_lengths():
     with torch.no_grad():
         stores = [model.memory.stores(model_logits(model, tokens, n, starts)[1]) for n in (4, 1, 7)]
     for other in stores[1:]:
-        for (keys, values, count), (keys_, values_, count_) in zip(stores[0], other, strict=True):
-            assert torch.equal(count, count_)
+        for mine, theirs in zip(stores[0], other, strict=True):
+            assert torch.equal(mine[store.COUNT], theirs[store.COUNT])
         # Layer 0's keys and values are projections of the embeddings alone: the same entries in the same slots.
         torch.testing.assert_close(other[0][store.KEYS], stores[0][0][store.KEYS], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(other[0][store.VALUES], stores[0][0][store.VALUES], rtol=1e-12, atol=1e-12)
@@ -262,3 +262,20 @@ def test_resume_is_exact_with_the_stores_in_the_checkpoint(tmp_path, corpus):
     assert packed[-1].dtype == torch.int64 and int(packed[-1].min()) > 0  # the stores' counts, filled
     second, second_losses = fit(resume_cfg(tmp_path, corpus, "second", *KNN_RUN, f"ckpt_path={ckpt}"))
     assert_resumed_as_unbroken(whole, whole_losses, second, second_losses)
+
+
+def test_the_settings_compose_from_the_command_line(tmp_path, corpus):
+    from tests.conftest import compose_config, tiny_overrides
+    from xl.memory.settings import variant_config
+    from xl.training.build import ConfigError, build_run
+
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), "memory=knn", "memory.knn_layers=[0,1]",
+                         "memory.mem_len=0")
+    config = variant_config(cfg.memory, cfg)
+    assert isinstance(config, KnnConfig) and config.knn_layers == [0, 1] and config.knn_size == 65536
+    assert config.to_dict()["_target_"] == "xl.memory.knn.memory.KnnConfig"
+    for bad, says in (("memory.knn_layers=[1,1]", "memory.knn_layers must be"),
+                      ("memory.grad_segments=2", "memory.grad_segments=1 with memory=knn"),
+                      ("memory.knn_size=0", "memory.knn_size must be")):
+        with pytest.raises(ConfigError, match=says):
+            build_run(compose_config(*tiny_overrides(tmp_path, corpus), "memory=knn", bad))
