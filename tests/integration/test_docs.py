@@ -117,6 +117,8 @@ SCALE = {
                            "--doc-len", "8"],
     "xl.bench.compressive": ["--mem-len", "16", "--batch", "2", "--tgt-len", "16", "--steps", "1", "--decode", "2",
                              "--rounds", "1", "--threads", "1"],
+    "xl.memory.knn.bench": ["--batch", "2", "--tgt-len", "8", "--size", "256", "--rounds", "1", "--cross-batch", "2",
+                            "--cross-queries", "4", "--sizes", "64", "128"],
     "xl.bench.tokens": ["--mem-len", "16", "--num-tokens", "2", "--batch", "2", "--tgt-len", "16", "--steps", "1",
                         "--rounds", "1", "--threads", "1"],
 }
