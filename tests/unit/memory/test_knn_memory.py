@@ -279,3 +279,22 @@ def test_the_settings_compose_from_the_command_line(tmp_path, corpus):
                       ("memory.knn_size=0", "memory.knn_size must be")):
         with pytest.raises(ConfigError, match=says):
             build_run(compose_config(*tiny_overrides(tmp_path, corpus), "memory=knn", bad))
+
+
+def test_evaluation_in_inference_mode_then_training_share_the_search_buffer():
+    """Lightning evaluates under torch.inference_mode: a search buffer grown there still serves training after."""
+    model = knn_model()
+    tokens, _ = streams()
+    wide = torch.cat([tokens, tokens], 0)
+    with torch.inference_mode():
+        model_logits(model.eval(), wide, SEG)  # 4 rows: a larger buffer than training's 2
+    model_logits(model.train(), tokens, SEG, targets=torch.roll(tokens, -1, 1))
+    assert model.retrieval[0].gate.grad is not None
+
+
+def test_a_step_under_bfloat16_autocast():
+    model = knn_model().float().train()
+    tokens, _ = streams()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, mems = model_logits(model, tokens, SEG, targets=torch.roll(tokens, -1, 1))
+    assert mems[2].dtype == torch.float32 and all(torch.isfinite(p.grad).all() for p in model.retrieval.parameters())
