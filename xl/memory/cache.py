@@ -91,7 +91,7 @@ class CacheMemory(Memory):
                attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
                documents: Documents | None = None) -> Update:
         new = (update_memory_attached if attached else update_memory)(state, layer_inputs, mem_len, dtype)
-        if keep_kv:  # the keys kept: the last ones of memory ∘ segment
-            gone = leaving(state[0].size(1) + layer_inputs[0].size(1), mem_len)
-            kv = [(k[:, :, gone:], v[:, :, gone:]) for k, v in kv]
-        return Update(new, kv)
+        if not keep_kv:
+            return Update(new)
+        gone = leaving(state[0].size(1) + layer_inputs[0].size(1), mem_len)  # the keys kept: the last ones
+        return Update(new, [(k[:, :, gone:], v[:, :, gone:]) for k, v in kv])

@@ -142,10 +142,11 @@ class CompressiveMemory(Memory):
         with torch.no_grad():
             slots = [torch.cat([c[:, C - kept:].to(dtype), s[:, s.size(1) - new:].to(dtype)], 1)
                      for c, s in zip(old_slots, made, strict=True)]
+        kept_kv = None
         if keep_kv:  # kept slots' and states' keys sliced from the layer's, the new slots' projected
-            kv = [self._kv(layer.attn, k, v, s[:, s.size(1) - new:], C, kept, C + gone)
-                  for layer, (k, v), s in zip(layers, kv, slots, strict=True)]
-        return Update(slots + states, kv, loss)
+            kept_kv = [self._kv(layer.attn, k, v, s[:, s.size(1) - new:], C, kept, C + gone)
+                       for layer, (k, v), s in zip(layers, kv, slots, strict=True)]
+        return Update(slots + states, kept_kv, loss)
 
     @staticmethod
     def _kv(attn: nn.Module, k: Tensor, v: Tensor, new_slots: Tensor, C: int, kept: int, first_state: int

@@ -193,9 +193,8 @@ class TokenMemory(Memory):
         memory = outputs[:, n + L:].to(dtype, copy=True)  # a fresh tensor: callers may clean it in place
         if not attached:
             memory = memory.detach()
-        if keep_kv:
-            kv = [self.kept_kv(k, v, state[0].size(1), L, mem_len) for k, v in kv]
-        return Update(cache + [memory], kv)
+        kept = [self.kept_kv(k, v, state[0].size(1), L, mem_len) for k, v in kv] if keep_kv else None
+        return Update(cache + [memory], kept)
 
     def kept_kv(self, k: Tensor, v: Tensor, m_len: int, L: int, mem_len: int) -> tuple[Tensor, Tensor]:
         """The keys/values of the cache after a segment, sliced from a layer's over ``cache ∘ read ∘ text ∘ write``
