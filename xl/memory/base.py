@@ -1,9 +1,14 @@
 """What every memory variant provides: the interface that the model's forward pass and the decoder call.
 
 A memory variant answers, for one segment, "what does layer n attend over before the segment?" (:meth:`Memory.context`)
-and "what is kept after it?" (:meth:`Memory.update`). Its state is a list of tensors, each ``[B, ·, d_model]`` with
-the batch rows first, whose layout the variant defines; everything generic (the per-stage store, checkpoints, moving
-to a device, counting bytes, cleaning non-finite entries) treats it as such a list.
+and "what is kept after it?" (:meth:`Memory.update`). Its state is a list of tensors with the batch rows first
+(``[B, ·, d_model]`` for the cached states; any shape and dtype otherwise, such as a store's keys and an int64
+count per row), whose layout the variant defines; everything generic (the per-stage store, checkpoints, moving to a
+device, counting bytes, cleaning non-finite entries) treats it as such a list.
+
+A memory may also extend the attention of chosen layers (``Context.extend``): after a layer's local attention over
+memory ∘ segment has produced the heads' outputs, the memory's function replaces them, given the same queries
+(:mod:`xl.model.attention`); the model calls it where it is set, whatever the variant.
 
 A layer attends over its memory pieces (``Context.pieces[n]``, oldest first) as over one key sequence placed just
 before the segment, with relative distances counted in keys. Keys carry no position, so in evaluation the pieces'
@@ -50,6 +55,11 @@ class Context:
     length: int
     slots: int = 0
     rate: int = 1
+    #: Per layer, None or the memory's extension of that layer's attention: a function ``(queries, local,
+    #: documents) -> heads`` of the content queries before Transformer-XL's biases and the local attention's heads
+    #: (all [B, H, L, D]) and the segment's :class:`~xl.model.documents.Documents` (None: one text per row, or a
+    #: decoder that resets the memory's rows itself). None: no layer is extended.
+    extend: list[Callable[[Tensor, Tensor, Documents | None], Tensor] | None] | None = None
 
     @property
     def reach(self) -> int:
@@ -141,11 +151,14 @@ class Memory:
         return mask
 
     def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
-               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV | None) -> Update:
+               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
+               documents: Documents | None = None) -> Update:
         """The state after a segment, from each layer's inputs over the segment's positions ``layer_inputs`` and the
         last layer's ``outputs``; ``attached``: keep it in the graph (gradients reach this segment from the next);
-        ``dtype``: the storage dtype. ``kv``: each layer's keys/values over memory ∘ segment, when the new state's
-        are wanted and can be taken from them."""
+        ``dtype``: the storage dtype. ``kv``: each layer's keys/values [B, H, M+L', D] over memory ∘ segment, as its
+        attention computed them (in the graph); ``keep_kv``: return the new state's keys/values (:attr:`Update.kv`)
+        when they can be taken from ``kv``. ``documents``: where the segment's documents begin (None: one text per
+        row)."""
         raise NotImplementedError
 
     # ---- evaluation and decoding -----------------------------------------------------------------------------------

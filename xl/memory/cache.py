@@ -24,6 +24,7 @@ from xl.memory.settings import MemoryConfig
 
 if TYPE_CHECKING:
     from xl.model.config import XLConfig
+    from xl.model.documents import Documents
 
 
 def update_memory(
@@ -87,9 +88,10 @@ class CacheMemory(Memory):
         return self.config.n_layer * mem_len
 
     def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
-               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV | None) -> Update:
+               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
+               documents: Documents | None = None) -> Update:
         new = (update_memory_attached if attached else update_memory)(state, layer_inputs, mem_len, dtype)
-        if kv is not None:  # the keys kept: the last ones of memory ∘ segment
-            gone = leaving(state[0].size(1) + layer_inputs[0].size(1), mem_len)
-            kv = [(k[:, :, gone:], v[:, :, gone:]) for k, v in kv]
-        return Update(new, kv)
+        if not keep_kv:
+            return Update(new)
+        gone = leaving(state[0].size(1) + layer_inputs[0].size(1), mem_len)  # the keys kept: the last ones
+        return Update(new, [(k[:, :, gone:], v[:, :, gone:]) for k, v in kv])

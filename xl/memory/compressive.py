@@ -31,6 +31,7 @@ from xl.memory.settings import MemoryConfig
 
 if TYPE_CHECKING:
     from xl.model.config import XLConfig
+    from xl.model.documents import Documents
 
 
 @dataclass
@@ -117,7 +118,8 @@ class CompressiveMemory(Memory):
         return self.config.n_layer * (self.slot_len + mem_len + waiting)
 
     def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
-               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV | None) -> Update:
+               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
+               documents: Documents | None = None) -> Update:
         if attached:
             self.settings.check_window(2, mem_len)
         n = self.config.n_layer
@@ -140,10 +142,11 @@ class CompressiveMemory(Memory):
         with torch.no_grad():
             slots = [torch.cat([c[:, C - kept:].to(dtype), s[:, s.size(1) - new:].to(dtype)], 1)
                      for c, s in zip(old_slots, made, strict=True)]
-        if kv is not None:  # kept slots' and states' keys sliced from the layer's, the new slots' projected
-            kv = [self._kv(layer.attn, k, v, s[:, s.size(1) - new:], C, kept, C + gone)
-                  for layer, (k, v), s in zip(layers, kv, slots, strict=True)]
-        return Update(slots + states, kv, loss)
+        kept_kv = None
+        if keep_kv:  # kept slots' and states' keys sliced from the layer's, the new slots' projected
+            kept_kv = [self._kv(layer.attn, k, v, s[:, s.size(1) - new:], C, kept, C + gone)
+                       for layer, (k, v), s in zip(layers, kv, slots, strict=True)]
+        return Update(slots + states, kept_kv, loss)
 
     @staticmethod
     def _kv(attn: nn.Module, k: Tensor, v: Tensor, new_slots: Tensor, C: int, kept: int, first_state: int

@@ -6,7 +6,9 @@
 - :meth:`MemoryStore.pack` / :meth:`MemoryStore.unpack` move the training memory of every rank in and out of a
   checkpoint (only rank 0 writes the file, so the ranks' rows are gathered first).
 
-A state is a list of tensors [B, ·, d] whatever the memory variant (:mod:`xl.memory.base`), so the store serves all.
+A state is a list of tensors with the batch rows first whatever the memory variant (:mod:`xl.memory.base`): cached
+states [B, ·, d], or tensors of any other shape and dtype (a retrieval store's keys [B, H, N, D], its int64 counts
+[B]); the store serves all.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ class MemoryStore:
             self.reset(stage)
             return None, None
         if mems[0].device != device or mems[0].dtype != dtype:
-            self.mems[stage] = mems = [m.to(device, dtype) for m in mems]
+            # Floating state to the storage dtype; integer bookkeeping (a store's counts) keeps its own.
+            self.mems[stage] = mems = [m.to(device, dtype) if m.is_floating_point() else m.to(device) for m in mems]
             self.kv[stage] = None  # projected in the old dtype/device: projected again from the moved memory
         return mems, self.kv[stage]
 
@@ -77,12 +80,12 @@ class MemoryStore:
 
     def pack(self, all_gather: Callable[[Tensor], Tensor], world_size: int) -> Tensor | list[Tensor] | None:
         """The training memory of every rank, on the CPU (every rank calls this): one tensor [world, n, B, M, d] when
-        the state's n tensors have one shape, else one tensor [world, B, ·, d] per state tensor."""
+        the state's n tensors have one shape and dtype, else one tensor [world, B, ...] per state tensor."""
         mems = self.mems["train"]
         if mems is None:
             return None
         mems = [m.detach() for m in mems]  # a window's graph is not saved
-        if all(m.shape == mems[0].shape for m in mems):
+        if all(m.shape == mems[0].shape and m.dtype == mems[0].dtype for m in mems):
             stacked = torch.stack(mems)
             return (all_gather(stacked) if world_size > 1 else stacked[None]).cpu()
         return [(all_gather(m) if world_size > 1 else m[None]).cpu() for m in mems]

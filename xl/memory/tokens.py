@@ -183,18 +183,18 @@ class TokenMemory(Memory):
                           torch.arange(L, device=device), torch.full((n,), L - 1, device=device)])
 
     def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
-               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV | None) -> Update:
+               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
+               documents: Documents | None = None) -> Update:
         n = self.n
         L = outputs.size(1) - 2 * n
         text = [x[:, n:n + L] for x in layer_inputs]
         cache = self.cache.update(state[:-1], text, outputs, mem_len=mem_len, attached=attached, dtype=dtype,
-                                  layers=layers, kv=None).state
+                                  layers=layers, kv=kv, keep_kv=False).state
         memory = outputs[:, n + L:].to(dtype, copy=True)  # a fresh tensor: callers may clean it in place
         if not attached:
             memory = memory.detach()
-        if kv is not None:
-            kv = [self.kept_kv(k, v, state[0].size(1), L, mem_len) for k, v in kv]
-        return Update(cache + [memory], kv)
+        kept = [self.kept_kv(k, v, state[0].size(1), L, mem_len) for k, v in kv] if keep_kv else None
+        return Update(cache + [memory], kept)
 
     def kept_kv(self, k: Tensor, v: Tensor, m_len: int, L: int, mem_len: int) -> tuple[Tensor, Tensor]:
         """The keys/values of the cache after a segment, sliced from a layer's over ``cache ∘ read ∘ text ∘ write``

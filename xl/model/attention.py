@@ -10,11 +10,17 @@ states stay valid wherever they sit. The content term runs inside
 matrix, shifted so that each query sees its distance to every key, and handed to SDPA as an
 additive mask together with the causal mask. Training on CPU, where SDPA has no kernel that returns
 that mask's gradient, runs the same math through :class:`TrainingAttentionCPU` instead.
+
+A memory may extend a layer's attention (:attr:`xl.memory.base.Context.extend`): a function ``(queries, local) ->
+heads``, all [B, H, L, D], called with the content queries before Transformer-XL's biases and the local attention's
+heads, whose result replaces those heads before the output projection. It runs after the local attention in every
+path (the CPU training attention, SDPA, :meth:`RelMultiHeadAttention.decode_one`), under autograd.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +122,9 @@ class TrainingAttentionCPU(torch.autograd.Function):
         grad_pos = shifted_grad(grad_scores, ctx.scale, ctx.stride)
         return grad_q, grad_k, grad_v, grad_pos, None, None, None
 
+#: A memory's extension of a layer's attention: (queries [B, H, L, D], local heads [B, H, L, D]) -> heads.
+Extension = Callable[[Tensor, Tensor], Tensor]
+
 
 class RelMultiHeadAttention(nn.Module):
     """Queries from the current segment; keys and values over ``[memory ∘ current]``."""
@@ -141,7 +150,7 @@ class RelMultiHeadAttention(nn.Module):
 
     def forward(
         self, h: Tensor, mem: Tensor | list[Tensor], pos_emb: Tensor, mask: Tensor,
-        mem_kv: tuple[Tensor, Tensor] | None = None,
+        mem_kv: tuple[Tensor, Tensor] | None = None, extend: Extension | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """h: [B, L, d] layer input; mem: [B, M, d] cached layer inputs (detached, or attached inside a window of
         memory.grad_segments), or a list of such pieces attended as one memory, oldest first (projected apart and
@@ -149,7 +158,8 @@ class RelMultiHeadAttention(nn.Module):
         pos_emb: [M+L, d] embeddings of distances M+L-1 .. 0; mask: additive (0 / -inf), [L, M+L] shared by
         every row, or [B, 1, L, M+L] per row (document boundaries, :mod:`xl.model.documents`), broadcast over heads;
         mem_kv: the memory's keys and values [B, H, M, D] if already projected (evaluation: the weights
-        are fixed, and keys carry no position, so those of the previous segment stay valid).
+        are fixed, and keys carry no position, so those of the previous segment stay valid); extend: the memory's
+        extension of this layer's attention, or None (the module docstring).
 
         Returns the layer output and the keys and values [B, H, M+L, D] over memory ∘ segment.
         """
@@ -183,6 +193,8 @@ class RelMultiHeadAttention(nn.Module):
         else:
             bias = PositionBias.apply(pos_scores, mask, self.scale)
             out = F.scaled_dot_product_attention(q_w, k, v, attn_mask=bias, dropout_p=dropatt, scale=self.scale)
+        if extend is not None:
+            out = extend(q.transpose(1, 2), out)
         out = self.drop(self.o_net(out.transpose(1, 2).reshape(B, L, H * D)))
         return (h + out if self.pre_lnorm else self.layer_norm(h + out)), (k, v)
 
@@ -193,7 +205,7 @@ class RelMultiHeadAttention(nn.Module):
         return k, v
 
     def decode_one(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor, qkv_weight: Tensor,
-                   masked_keys: Tensor | None = None) -> Tensor:
+                   masked_keys: Tensor | None = None, extend: Extension | None = None) -> Tensor:
         """One new position per row against cached projections (incremental decoding): the forward with L = 1.
 
         h: [B, 1, d] layer input; keys, values: [B, H, M+1, D] views of the cache whose last slot is free:
@@ -202,7 +214,7 @@ class RelMultiHeadAttention(nn.Module):
         ``self.scale``; qkv_weight: :meth:`qkv_weight` (one product for query, key and value: with a few
         rows a step is bound by reading weights, and one larger product reads them faster than two).
         The query may see every key it is given (no shift), except those ``masked_keys`` [B, M+1] (True: a key of
-        another document than the row's new token; never the new token itself).
+        another document than the row's new token; never the new token itself); ``extend`` as in the forward.
         """
         B = h.size(0)
         H, D = self.n_head, self.d_head
@@ -216,6 +228,8 @@ class RelMultiHeadAttention(nn.Module):
             pos_scores = pos_scores.masked_fill(masked_keys[:, None], float("-inf"))
         out = F.scaled_dot_product_attention((q + self.r_w_bias)[:, :, None], keys, values,
                                              attn_mask=pos_scores[:, :, None], scale=self.scale)
+        if extend is not None:
+            out = extend(q[:, :, None], out)
         out = self.o_net(out.reshape(B, 1, H * D))
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
 

@@ -45,6 +45,7 @@ from xl.model.documents import Documents, key_offsets, positions
 from xl.model.positions import relative_embeddings
 
 if TYPE_CHECKING:
+    from xl.model.attention import Extension
     from xl.model.transformer import TransformerXL
 
 NO_DOCUMENT_START = np.iinfo(np.int64).min // 2  # a row whose text has no document start to hide anything before
@@ -92,6 +93,7 @@ class IncrementalDecoder:
         # Per row, the buffer index where its current document begins: keys before it are hidden (host-side, so a
         # step knows without a device read whether any row needs a mask).
         self.doc_start = np.full(batch_size, NO_DOCUMENT_START, dtype=np.int64)
+        self.no_extensions: list[Extension | None] = [None] * cfg.n_layer
 
     @property
     def slots(self) -> int:
@@ -123,6 +125,7 @@ class IncrementalDecoder:
         for k_buf, v_buf, (k, v) in zip(self.k_buf, self.v_buf, kv, strict=True):
             k_buf[:, :, :k.size(2)] = k
             v_buf[:, :, :v.size(2)] = v
+        self.prefilled(mems)
         memory = self.model.memory
         context = memory.context(mems)
         self.lo, self.start, self.end = 0, context.slots, context.length
@@ -156,14 +159,23 @@ class IncrementalDecoder:
         m = self.end - self.lo
         cache = slice(self.lo, self.end + 1)  # the visible keys and the slot for the new one
         masked_keys = self._masked_keys(h.device)
-        for n, layer in enumerate(model.layers):
+        for n, (layer, extend) in enumerate(zip(model.layers, self.extensions(), strict=True)):
             for h_buf in self.h_buf[n:n + 1]:
                 h_buf[:, self.end] = h[:, 0]
             h = layer.decode_one(h, self.k_buf[n][:, :, cache], self.v_buf[n][:, :, cache],
-                                 self.r[n][..., self.reach - m:], self.qkv_weight[n], masked_keys)
+                                 self.r[n][..., self.reach - m:], self.qkv_weight[n], masked_keys, extend)
         self.end += 1
         self._leave(leaving(self.end - self.start, self.visible, self.rate))
         return model.head(model.final_norm(h))[:, -1]
+
+    def prefilled(self, mems: list[Tensor]) -> None:
+        """Called by :meth:`prefill` with the memory's state after the prompt, once the cache holds its keys and
+        values: a variant's decoder keeps here what the cache does not hold (by default nothing)."""
+
+    def extensions(self) -> list[Extension | None]:
+        """Per layer, the memory's extension of the next fed token's attention (:mod:`xl.model.attention`), or None:
+        by default none."""
+        return self.no_extensions
 
     def _masked_keys(self, device: torch.device) -> Tensor | None:
         """[B, m+1] True for the keys a row's new token must not see (those before its document's start, a

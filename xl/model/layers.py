@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from xl.model.attention import RelMultiHeadAttention
+from xl.model.attention import Extension, RelMultiHeadAttention
 from xl.model.config import XLConfig
 from xl.model.dropout import Dropout, ReLUDropout
 
@@ -57,13 +57,13 @@ class XLLayer(nn.Module):
 
     def forward(
         self, h: Tensor, mem: Tensor | list[Tensor], pos_emb: Tensor, mask: Tensor,
-        mem_kv: tuple[Tensor, Tensor] | None = None,
+        mem_kv: tuple[Tensor, Tensor] | None = None, extend: Extension | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        h, kv = self.attn(h, mem, pos_emb, mask, mem_kv)
+        h, kv = self.attn(h, mem, pos_emb, mask, mem_kv, extend)
         return self.ff(h), kv
 
     def decode_one(self, h: Tensor, keys: Tensor, values: Tensor, r: Tensor, qkv_weight: Tensor,
-                   masked_keys: Tensor | None = None) -> Tensor:
+                   masked_keys: Tensor | None = None, extend: Extension | None = None) -> Tensor:
         """The evaluation forward of one new position per row [B, 1, d] against cached keys and values
         (:meth:`RelMultiHeadAttention.decode_one` says what it is given)."""
-        return self.ff.decode_one(self.attn.decode_one(h, keys, values, r, qkv_weight, masked_keys))
+        return self.ff.decode_one(self.attn.decode_one(h, keys, values, r, qkv_weight, masked_keys, extend))

@@ -8,6 +8,7 @@ the variant.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -209,14 +210,18 @@ class TransformerXL(nn.Module):
         # A memory stored rounded (mem_dtype) must be seen by the next segment through keys/values of the rounded
         # states, as it would be without the cache: those are projected from the new memory, not sliced from here.
         slice_kv = cache_kv and mem_dtype == h.dtype
+        # The memory's extensions of the layers' attention (xl.memory.base.Context.extend), given this segment's
+        # documents.
+        extend = [None if e is None else functools.partial(e, documents=documents)
+                  for e in context.extend] if context.extend else [None] * cfg.n_layer
         layer_inputs, layer_kv = [], []
-        for layer, pieces, mem_kv in zip(self.layers, context.pieces, kv or [None] * cfg.n_layer, strict=True):
+        for layer, pieces, mem_kv, ext in zip(self.layers, context.pieces, kv or [None] * cfg.n_layer, extend,
+                                              strict=True):
             layer_inputs.append(h)
-            h, keys = layer(h, pieces, pos_emb, mask, mem_kv)
-            if slice_kv:
-                layer_kv.append(keys)
+            h, keys = layer(h, pieces, pos_emb, mask, mem_kv, ext)
+            layer_kv.append(keys)
         update = memory.update(state, layer_inputs, h, mem_len=mem_len, attached=not detach_memory, dtype=mem_dtype,
-                               layers=self.layers, kv=layer_kv if slice_kv else None)
+                               layers=self.layers, kv=layer_kv, keep_kv=slice_kv, documents=documents)
         new_kv = update.kv
         if cache_kv and new_kv is None:
             new_kv = memory.project_kv(memory.context(update.state), self.layers)

@@ -327,7 +327,8 @@ def compressive_memory(mem_len: int, cmem_len: int, rate: int, d: int = 4) -> Co
 
 
 def update(memory: CompressiveMemory, state: list, h: torch.Tensor, mem_len: int) -> list:
-    return memory.update(state, [h], h, mem_len=mem_len, attached=False, dtype=h.dtype, layers=None, kv=None).state
+    return memory.update(state, [h], h, mem_len=mem_len, attached=False, dtype=h.dtype, layers=None, kv=[],
+                         keep_kv=False).state
 
 
 def test_compressed_memory_holds_the_evicted_states_compression_in_order():

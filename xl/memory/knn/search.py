@@ -73,7 +73,10 @@ class Workspace:
         need = math.prod(shape)
         buf = self.buffer
         if buf is None or buf.numel() < need or buf.dtype != dtype or buf.device != device:
-            self.buffer = buf = torch.empty(need, dtype=dtype, device=device)
+            # An ordinary tensor even under torch.inference_mode (Lightning evaluates in it), so that training can
+            # write into it afterwards.
+            with torch.inference_mode(False):
+                self.buffer = buf = torch.empty(need, dtype=dtype, device=device)
         return buf[:need].view(shape)
 
 

@@ -1,12 +1,15 @@
-"""What the retrieval memory's pieces cost per segment (run as python -m xl.bench.knn), in two parts, each timed in
-interleaved rounds in one process so that a shared CPU slows every piece alike:
+"""What the retrieval memory costs (run as python -m xl.memory.knn.bench), in three parts, each timed in interleaved
+rounds in one process so that a shared CPU slows every piece alike:
 
-- ``segment``: at config S (batch 8, segments of 128, ``mem_len`` 128) with a full store of 16,384 entries per row
-  and head: the search (exact, or faiss), gathering the retrieved entries, the gated attention (forward; forward and
-  backward in training) and writing the entries that left the window (the ring buffer; and, for comparison, a store
-  that shifts its entries instead), against the local attention sublayer of one layer and against the whole model's
-  segment (a training step; an evaluation step with cached keys/values). The pieces added to the model's segment
-  estimate a model with one retrieval layer: that sum over the model's time is printed as the estimated ratio.
+- ``model``: the model at config S (batch 8, segments of 128, ``mem_len`` 128) with ``memory=knn`` (one retrieval
+  layer, the default, its store full: 16,384 random entries per row and head) against the same model with the plain
+  memory: a training step (forward, backward, AdamW) and an evaluation step (cached keys/values) of each, and the
+  ratios. This is the whole retrieval memory as a run uses it.
+- ``segment``: the same shape, piece by piece: the search (exact, or faiss), gathering the retrieved entries, the
+  gated attention (forward; forward and backward in training) and writing the entries that left the window (the ring
+  buffer; and, for comparison, a store that shifts its entries instead), against the local attention sublayer of
+  one layer and against the whole model's segment. The pieces added to the model's segment estimate a model with one
+  retrieval layer: that sum over the model's time is printed as the estimated ratio.
 - ``crossover``: the exact search against faiss's for stores of 4K to 256K entries (4 heads of 64, batch 16, 32
   queries per segment by default): where faiss becomes the faster one.
 
@@ -26,11 +29,12 @@ from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S, cpu_model, interleaved_rates
 from xl.memory.knn import store
 from xl.memory.knn.attention import default_layers, gated_retrieval, initial_scale
+from xl.memory.knn.memory import KnnConfig
 from xl.memory.knn.search import Workspace, exact_topk, faiss_topk, gather
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
 
-PARTS = ("segment", "crossover")
+PARTS = ("model", "segment", "crossover")
 
 
 def full_store(batch: int, n_head: int, size: int, d_head: int, dtype: torch.dtype = torch.float32,
@@ -55,6 +59,36 @@ def medians_ms(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, 
     """Median milliseconds per call of each run over interleaved rounds."""
     rates = interleaved_rates({name: (run, 1.0) for name, run in runs.items()}, rounds)
     return {name: 1000.0 / statistics.median(r) for name, r in rates.items()}
+
+
+def model_runs(batch: int, tgt_len: int, size: int, top_k: int, search: str) -> dict[str, Callable[[], object]]:
+    """The ``model`` part: a training and an evaluation step of the plain model and of the model with a full
+    retrieval store, by name."""
+    plain = XLConfig(**CONFIG_S)
+    knn = XLConfig(**{**CONFIG_S, "memory": KnnConfig(knn_size=size, knn_top_k=top_k, knn_search=search)})
+    stream = token_stream(plain, batch, tgt_len, 8)
+    runs = {}
+    for name, cfg in (("plain", plain), ("knn", knn)):
+        for mode in ("train", "eval"):
+            torch.manual_seed(0)
+            model = TransformerXL(cfg)
+            runner = SegmentRunner(model, stream, tgt_len, train=mode == "train")
+            runner.run(cfg.mem_len // tgt_len + 1)  # a full cache before timing
+            if name == "knn":  # and a full store in the retrieval layer
+                n = cfg.n_layer
+                runner.mems = runner.mems[:n] + full_store(batch, cfg.n_head, size, cfg.d_head)
+            runs[f"{mode}/{name}"] = lambda r=runner: r.run(1)
+    return runs
+
+
+def report_model(ms: dict[str, float]) -> dict[str, float]:
+    """Print the ``model`` part's table and ratios; return both."""
+    out = dict(ms)
+    print(f"  {'step':<6}  {'plain ms':>9}  {'knn ms':>9}  knn/plain")
+    for mode in ("train", "eval"):
+        out[f"{mode}/ratio"] = ms[f"{mode}/knn"] / ms[f"{mode}/plain"]
+        print(f"  {mode:<6}  {ms[f'{mode}/plain']:>9.1f}  {ms[f'{mode}/knn']:>9.1f}  {out[f'{mode}/ratio']:>8.2f}x")
+    return out
 
 
 def segment_runs(batch: int, tgt_len: int, size: int, top_k: int, search: str,
@@ -162,12 +196,12 @@ def report_crossover(times: dict[int, dict[str, float]]) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
-    p = argparse.ArgumentParser(prog="python -m xl.bench.knn", description=__doc__.splitlines()[0])
-    p.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable); default both")
-    p.add_argument("--batch", type=int, default=8, help="segment part: batch rows")
-    p.add_argument("--tgt-len", type=int, default=128, help="segment part: segment length (queries per row and head)")
-    p.add_argument("--size", type=int, default=16384, help="segment part: store entries per row and head")
-    p.add_argument("--search", choices=("exact", "faiss"), default="exact", help="segment part: the search timed")
+    p = argparse.ArgumentParser(prog="python -m xl.memory.knn.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable); default all")
+    p.add_argument("--batch", type=int, default=8, help="model and segment parts: batch rows")
+    p.add_argument("--tgt-len", type=int, default=128, help="model and segment parts: segment length")
+    p.add_argument("--size", type=int, default=16384, help="model and segment parts: store entries per row and head")
+    p.add_argument("--search", choices=("exact", "faiss"), default="exact", help="model and segment parts: the search")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="segment part: the store's dtype (a bfloat16 store is searched in bfloat16)")
     p.add_argument("--top-k", type=int, default=32)
@@ -190,6 +224,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
           f"{args.threads} thread(s); {args.rounds} interleaved "
           f"rounds; config S (4 heads of 64), top-k {args.top_k}")
     results: dict[str, object] = {}
+    if "model" in parts:
+        print(f"model: batch {args.batch}, segments of {args.tgt_len}, mem_len {CONFIG_S['mem_len']}, memory=knn "
+              f"with a full store of {args.size:,} entries per row and head ({args.search} search) against the "
+              "plain memory")
+        runs = model_runs(args.batch, args.tgt_len, args.size, args.top_k, args.search)
+        results["model"] = report_model(medians_ms(runs, args.rounds))
     if "segment" in parts:
         dtype = getattr(torch, args.dtype)
         print(f"segment: batch {args.batch}, segments of {args.tgt_len}, mem_len {CONFIG_S['mem_len']}, "

@@ -1,12 +1,12 @@
-"""python -m xl.bench.knn: both parts run, and the estimate adds the retrieval's pieces to the model's segment."""
+"""python -m xl.memory.knn.bench: both parts run, and the estimate adds the retrieval's pieces to a segment."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from xl.bench.knn import full_store, main, recall, report_crossover, report_segment
 from xl.memory.knn import store
+from xl.memory.knn.bench import full_store, main, recall, report_crossover, report_model, report_segment
 
 
 def test_command_times_every_piece_and_estimates_the_ratio(capsys):
@@ -20,11 +20,15 @@ def test_command_times_every_piece_and_estimates_the_ratio(capsys):
     extra = segment["search (exact)"] + segment["gather"] + segment["write (ring)"] + segment["eval/gated attention"]
     assert segment["eval/ratio"] == pytest.approx((segment["eval/model"] + extra) / segment["eval/model"])
     assert set(results["crossover"]) == {64, 128} and 0 < results["recall"] <= 1
+    model = results["model"]
+    for mode in ("train", "eval"):
+        assert model[f"{mode}/ratio"] == pytest.approx(model[f"{mode}/knn"] / model[f"{mode}/plain"])
     out = capsys.readouterr().out
-    assert "estimated ratio" in out and "faiss/exact" in out
+    assert "estimated ratio" in out and "faiss/exact" in out and "knn/plain" in out
 
 
 def test_the_reports_read_their_numbers():
+    assert report_model({"train/plain": 2.0, "train/knn": 3.0, "eval/plain": 1.0, "eval/knn": 2.5})["eval/ratio"] == 2.5
     ms = {"train/model": 10.0, "eval/model": 4.0, "train/local attention": 2.0, "eval/local attention": 1.0,
           "search (exact)": 1.0, "gather": 0.5, "train/gated attention": 1.0, "eval/gated attention": 0.5,
           "write (ring)": 0.5, "write (shift)": 3.0}
