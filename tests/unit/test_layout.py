@@ -35,9 +35,9 @@ def test_the_library_imports_no_application():
 
 
 def test_a_variants_settings_are_named_only_beside_its_code():
-    """``conf/memory/*.yaml`` name the variants; outside their module (with the modules of ``xl/memory`` it imports
-    and its decoder) and the benchmark of that variant (``xl/bench/<name>.py``), no file of ``xl/`` names one of
-    their settings."""
+    """``conf/memory/*.yaml`` name the variants; outside their module or package (with the modules of
+    ``xl/memory`` it imports and its decoder) and the benchmark of that variant (``xl/bench/<name>.py``), no file
+    of ``xl/`` names one of their settings."""
     variants = {}
     for path in (ROOT / "conf" / "memory").glob("*.yaml"):
         target = re.search(r"^_target_: (\S+)", path.read_text(encoding="utf-8"), re.M).group(1)
@@ -48,7 +48,8 @@ def test_a_variants_settings_are_named_only_beside_its_code():
         home = ROOT / (cls.__module__.replace(".", "/") + ".py")
         own = [ROOT / (name.replace(".", "/") + ".py") for name in imported(home)
                if name.startswith("xl.memory.") and name not in SHARED and name not in homes]
-        allowed = {home, *own, home.with_name(home.stem + "_decoding.py"), ROOT / "xl" / "bench" / f"{cls.name}.py",
+        package = list(home.parent.glob("*.py")) if home.parent != ROOT / "xl" / "memory" else []  # its package
+        allowed = {home, *own, *package, home.with_name(home.stem + "_decoding.py"), ROOT / "xl" / "bench" / f"{cls.name}.py",
                    ROOT / "xl" / "bench" / f"{home.stem}.py"}
         for path in (ROOT / "xl").rglob("*.py"):
             if path in allowed or not names:
