@@ -49,8 +49,8 @@ def test_a_variants_settings_are_named_only_beside_its_code():
         own = [ROOT / (name.replace(".", "/") + ".py") for name in imported(home)
                if name.startswith("xl.memory.") and name not in SHARED and name not in homes]
         package = list(home.parent.glob("*.py")) if home.parent != ROOT / "xl" / "memory" else []  # its package
-        allowed = {home, *own, *package, home.with_name(home.stem + "_decoding.py"), ROOT / "xl" / "bench" / f"{cls.name}.py",
-                   ROOT / "xl" / "bench" / f"{home.stem}.py"}
+        allowed = {home, *own, *package, home.with_name(home.stem + "_decoding.py"),
+                   ROOT / "xl" / "bench" / f"{cls.name}.py", ROOT / "xl" / "bench" / f"{home.stem}.py"}
         for path in (ROOT / "xl").rglob("*.py"):
             if path in allowed or not names:
                 continue
