@@ -162,8 +162,8 @@ class JobSummary(L.Callback):
         return {"train_seconds": self.train_seconds, "train_tokens": self.train_tokens, "wall_s": self.wall_s()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """A resumed fit continues the checkpoint's counts; a test after this session's fit (which reloads the best
-        checkpoint) keeps this session's, which already include the checkpoint's."""
+        """A resumed fit continues the checkpoint's counts; a test after a fit in this process (which reloads the
+        best checkpoint) keeps this process's counts, which already include the checkpoint's."""
         if self.fitted:
             return
         self.train_seconds = state_dict["train_seconds"]
@@ -195,7 +195,7 @@ class JobSummary(L.Callback):
         self.metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(prefix)})
         if trainer.is_global_zero:
             values = self.describe(trainer, pl_module)
-            if not self.fitted and self.path.is_file():  # this session only tests: the training is the file's
+            if not self.fitted and self.path.is_file():  # this process only tests: the training is the file's
                 earlier = json.loads(self.path.read_text())
                 values.update({k: earlier[k] for k in self.TRAINING if k in earlier})
                 values.update({k: v for k, v in earlier.items() if k.startswith("val/")})
