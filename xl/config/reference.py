@@ -75,15 +75,14 @@ def table(title: str, schema: type, prefix: str, note: str = "", skip: tuple[str
 
 def variant_tables() -> list[str]:
     """One table per memory variant that an option of ``conf/memory/`` names: its own settings."""
-    lines, seen = [], set()
+    options: dict[str, list[str]] = {}  # variant class → the options that name it
     for path in sorted((CONF_DIR / "memory").glob("*.yaml")):
         target = OmegaConf.load(path).get("_target_")
-        if target is None or target in seen:
-            continue
-        seen.add(target)
+        if target is not None:
+            options.setdefault(target, []).append(path.stem)
+    lines = []
+    for target, named in options.items():
         variant = config_class(target)
-        named = [p.stem for p in sorted((CONF_DIR / "memory").glob("*.yaml"))
-                 if OmegaConf.load(p).get("_target_") == target]
         note = f"`_target_: {target}` ({', '.join(f'`memory={n}`' for n in named)}). {variant.__doc__.splitlines()[0]}"
         if variant.user_fields():
             lines += table(f"`memory` of the {variant.name} memory", variant, "memory.", note)
