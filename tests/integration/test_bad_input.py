@@ -253,7 +253,7 @@ def test_a_value_out_of_range_is_one_sentence_before_any_work(key, tmp_path, cor
     ("+optim.momentum=0.9", ConfigError, "optim.momentum is not a setting; optim has lr"),
     ("+trainer.max_step=5", ConfigError, "trainer.max_step is not an argument of lightning.pytorch.Trainer"),
     ("+callbacks.model_checkpoint.every_n_step=5", ConfigError,
-     "callbacks.model_checkpoint.every_n_step is not an argument of lightning.pytorch.callbacks.ModelCheckpoint"),
+     "callbacks.model_checkpoint.every_n_step is not an argument of xl.training.model_checkpoint.ModelCheckpoint"),
     ("trainer=ddp trainer.strategy._target_=lightning.pytorch.strategies.Nope", ConfigError,
      "trainer.strategy._target_=lightning.pytorch.strategies.Nope cannot be imported"),
     ("compile.enabled=true compile.backend=warp", ConfigError, "compile.backend must be one of"),

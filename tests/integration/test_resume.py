@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -19,7 +20,7 @@ import xl.training.build
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from xl import train
 from xl.training.build import build_callbacks, build_run
-from xl.training.checkpoint import CheckpointError
+from xl.training.checkpoint import Checkpoint, CheckpointError
 from xl.training.module import XLLitModule
 
 STEPS, STOP_AT = 12, 7  # epochs of 5 segments: the stop falls in the middle of the second epoch
@@ -49,9 +50,10 @@ def fit(cfg) -> tuple:
     return run, recorder.losses
 
 
-def assert_resumed_as_unbroken(whole, whole_losses: dict, second, second_losses: dict) -> None:
-    """A run resumed at STOP_AT trains the remaining steps with the unbroken run's losses and ends with its weights."""
-    assert sorted(second_losses) == list(range(STOP_AT + 1, STEPS + 1))
+def assert_resumed_as_unbroken(whole, whole_losses: dict, second, second_losses: dict, stop: int = STOP_AT) -> None:
+    """A run resumed at ``stop`` trains the remaining steps with the unbroken run's losses and ends with its
+    weights."""
+    assert sorted(second_losses) == list(range(stop + 1, STEPS + 1))
     for step in second_losses:
         assert second_losses[step] == whole_losses[step], f"step {step} differs after resume"
     for (name, a), b in zip(whole.module.state_dict().items(), second.module.state_dict().values(), strict=True):
@@ -71,6 +73,43 @@ def test_resume_mid_epoch_is_exact(tmp_path, corpus):
     # Resume by naming the run folder: its checkpoints/last.ckpt is found.
     second, second_losses = fit(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={tmp_path / 'first' / 'run'}"))
     assert_resumed_as_unbroken(whole, whole_losses, second, second_losses)
+
+
+def test_a_run_that_ends_between_checkpoints_keeps_its_final_weights(tmp_path, corpus):
+    """The last step (8) is neither a validation step (every 3) nor a checkpoint step (every 7): last.ckpt still
+    holds it, the run folder names it, and a resume from it goes on as the unbroken run."""
+    whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole"))
+    first, _ = fit(resume_cfg(tmp_path, corpus, "first", "trainer.max_steps=8"))
+    folder = tmp_path / "first" / "run"
+    steps = {p.name: torch.load(p, weights_only=True)["global_step"] for p in (folder / "checkpoints").glob("*.ckpt")}
+    assert steps == {"step0000007.ckpt": 7, "last.ckpt": 8}
+    assert Checkpoint.open(folder).global_step == 8
+    assert first.trainer.checkpoint_callback.last_model_path == str(folder / "checkpoints" / "last.ckpt")
+    saved = Checkpoint.open(folder).model_weights()
+    assert saved.keys() == first.module.model.state_dict().keys()
+    assert all(torch.equal(v, saved[k]) for k, v in first.module.model.state_dict().items())
+    second, second_losses = fit(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={folder}"))
+    assert_resumed_as_unbroken(whole, whole_losses, second, second_losses, stop=8)
+
+
+def test_the_final_step_is_not_saved_twice(tmp_path, corpus):
+    """A run that ends on a checkpoint step writes it once (Lightning's save), not again at the end."""
+    writes = []
+    cfg = resume_cfg(tmp_path, corpus, "once", f"trainer.max_steps={STOP_AT}")
+    run = build_run(cfg)
+    save = run.trainer.save_checkpoint
+    run.trainer.save_checkpoint = lambda path, *args, **kwargs: (writes.append(Path(path).name),
+                                                                  save(path, *args, **kwargs))
+    run.trainer.fit(run.module, datamodule=run.datamodule, weights_only=True)
+    assert sorted(writes) == ["last.ckpt", "step0000007.ckpt"]
+
+
+def test_no_last_checkpoint_when_it_is_switched_off(tmp_path, corpus, caplog):
+    cfg = resume_cfg(tmp_path, corpus, "off", "trainer.max_steps=8", "callbacks.model_checkpoint.save_last=false")
+    caplog.set_level(logging.INFO, logger="xl.training.model_checkpoint")
+    fit(cfg)
+    assert sorted(p.name for p in (tmp_path / "off" / "run" / "checkpoints").glob("*.ckpt")) == ["step0000007.ckpt"]
+    assert "the final step (8) is not saved (callbacks.model_checkpoint.save_last=false)" in caplog.text
 
 
 def test_resume_with_another_memory_length_is_refused(tmp_path, corpus):

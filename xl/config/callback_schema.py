@@ -15,7 +15,7 @@ from xl.config.bounds import Bound, at_least, is_int, one_of, optional, setting
 
 @dataclass
 class ModelCheckpointSchema:
-    _target_: str = "lightning.pytorch.callbacks.ModelCheckpoint"
+    _target_: str = "xl.training.model_checkpoint.ModelCheckpoint"
     dirpath: str = setting("${paths.output_dir}/checkpoints", help="where checkpoints go")
     filename: str = setting("step{step:07d}", help="the name of a kept checkpoint")
     monitor: str | None = setting("val/loss", help="the metric that ranks checkpoints; null: the latest")
