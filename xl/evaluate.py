@@ -6,7 +6,8 @@ settings; ``data=text data.train=... data.val=... data.test=...`` scores other d
 and batch unless the command line sets them, and the output says whose data and segments they are); the evaluation
 context (``memory.eval_mem_len``, ``memory.clamp_len``, ``memory.eval_same_length``), the device and the precision
 from ``conf/evaluate.yaml`` and its groups, so a checkpoint can be read with a longer memory than it was trained
-with, as in the paper. The results go to
+with, as in the paper; a memory's own settings that shape no weight take a ``+`` (``+memory.knn_size=262144``,
+:func:`eval_model_config`). The results go to
 ``results.json`` in the output folder and to W&B (the evaluated run's own W&B run when its folder records one);
 ``-m memory.eval_mem_len=0,128,512`` ends with the sweep's summary table and plot (:mod:`xl.training.sweep`).
 
@@ -22,6 +23,7 @@ the same) and by position in document (0-31, 32-127, 128-511, 512+), which shows
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -30,11 +32,13 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import Tensor
 
 from xl.config.compose import command_line_keys, entry_point
 from xl.config.rules import check_evaluate_config
+from xl.config.schema import EvalContextSchema
+from xl.memory import settings
 from xl.memory.store import packed_size
 from xl.model.adaptive import widen
 from xl.model.documents import MODES, Documents, DocumentStats, split_batch, summary, target_bytes
@@ -47,6 +51,7 @@ from xl.training.module import XLLitModule
 from xl.training.runs import find_run_folder, run_data, use_run_data
 
 log = logging.getLogger("evaluate")
+CONTEXT_KEYS = {f.name for f in dataclasses.fields(EvalContextSchema)}  # memory's keys that every variant shares
 
 
 def vanilla_nll(model: TransformerXL, context: Tensor, x: Tensor, y: Tensor, attn_len: int, clamp_len: int,
@@ -200,8 +205,25 @@ def eval_context(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
     return context
 
 
-def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any) -> Evaluator:
+def eval_model_config(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
+    """The checkpoint's model config, with the evaluation's values of its memory's evaluation settings: every key of
+    ``memory`` other than the shared context's (``+memory.knn_size=262144``; see
+    :attr:`xl.memory.settings.MemoryConfig.evaluation_settings`)."""
     model = checkpoint.model_config
+    given = {k: v for k, v in OmegaConf.to_container(cfg.memory).items() if k not in CONTEXT_KEYS}
+    if not given:
+        return model
+    try:
+        memory = settings.for_evaluation(settings.from_dict(model.get("memory")), given)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return {**model, "memory": memory.to_dict()}
+
+
+def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any,
+                    model: dict[str, Any] | None = None) -> Evaluator:
+    """The evaluation module of ``checkpoint``'s weights; ``model``: its model config (:func:`eval_model_config`)."""
+    model = eval_model_config(cfg, checkpoint) if model is None else model
     checkpoint.check_tokenizer(datamodule.vocab_size, datamodule.tokenizer_fingerprint)
     context = eval_context(cfg, checkpoint)
     attn_len = None
@@ -296,6 +318,7 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     set_keys = None if given is None else {k.removeprefix("data.") for k in given}
     from_run = use_run_data(cfg, cfg.ckpt)  # data=run: the run's data settings, with the keys set here on top
     checkpoint = Checkpoint.open(cfg.ckpt, setting="ckpt")
+    model = eval_model_config(cfg, checkpoint)
     folder = find_run_folder(checkpoint.path)
     about = {"path": str(checkpoint.path.resolve()), "step": checkpoint.global_step,
              "run": str(folder.resolve()) if folder else None}
@@ -303,7 +326,7 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
                                                                                        set_keys)
     datamodule = build_datamodule(cfg)
     note = corpus_note(checkpoint, datamodule, from_run is not None)
-    module = build_evaluator(cfg, checkpoint, datamodule)
+    module = build_evaluator(cfg, checkpoint, datamodule, model)
     del checkpoint  # the weights are in the module now; free the optimizer state before evaluating
     trainer = make_trainer(cfg, logger=False, callbacks=[])
     results = {}

@@ -82,6 +82,11 @@ def describe_error(err: BaseException) -> str:
                     f"+{added.group(1) if added else key + '=...'} (Hydra's prefix for a new key)")
         parent, _, name = key.rpartition(".")
         owners = memory_options_with(name) if parent == "memory" else []
+        if owners and getattr(schema, "__name__", "") == "EvalContextSchema":  # python -m xl.evaluate
+            added = re.search(r"use \+(\S+)", text)  # the override as given, from Hydra's message
+            given = added.group(1) if added else key + "=..."
+            return (f"{key} is a setting of the {' and '.join(owners)} memory, not of every memory; evaluation takes "
+                    f"it with a + in front, +{given}, for a checkpoint of that memory")
         if owners:
             return (f"{key} is not a setting of this memory but of {' and '.join(f'memory={o}' for o in owners)}; "
                     f"add {' or '.join(f'memory={o}' for o in owners)} to the command line")

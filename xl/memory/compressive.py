@@ -45,6 +45,7 @@ class CompressiveConfig(MemoryConfig):
                            help="mean (pooling, no weights) or conv (learned, attention-reconstruction loss)")
 
     name = "compressive"
+    evaluation_settings = ("cmem_len",)
 
     def memory(self, config: XLConfig) -> CompressiveMemory:
         return CompressiveMemory(config)

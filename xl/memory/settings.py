@@ -75,6 +75,9 @@ class MemoryConfig:
     name: ClassVar[str] = "memory"
     #: Whether ``xl.evaluate vanilla=true`` (every window read afresh, no memory) can evaluate a model with it.
     reads_afresh: ClassVar[bool] = True
+    #: The settings an evaluation may give other values (``python -m xl.evaluate +memory.NAME=V``): those that shape
+    #: no weight and only size or search the memory; the others are the trained model's.
+    evaluation_settings: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         check_fields(self, "memory.")
@@ -106,6 +109,23 @@ class MemoryConfig:
     def user_fields(cls) -> list[dataclasses.Field]:
         """The fields a user sets in the ``memory`` group (those not copied from the run's config)."""
         return [f for f in dataclasses.fields(cls) if "from" not in f.metadata]
+
+
+def for_evaluation(config: MemoryConfig, given: dict[str, Any]) -> MemoryConfig:
+    """``config`` (a checkpoint's) with the evaluation's values of its :attr:`~MemoryConfig.evaluation_settings`
+    (``given``: ``{name: value}``), checked as the variant checks them; ValueError in one sentence for a setting that
+    the variant lacks or that evaluation cannot change."""
+    names = {f.name for f in config.user_fields()}
+    for name in given:
+        if name not in names:
+            raise ValueError(f"memory.{name} is not a setting of the checkpoint's {config.name} memory; it has "
+                             f"{', '.join(sorted(names)) or 'none of its own'}")
+        if name not in config.evaluation_settings:
+            can = (f"evaluation can change {', '.join(f'memory.{n}' for n in config.evaluation_settings)}"
+                   if config.evaluation_settings else f"evaluation changes none of the {config.name} memory's own")
+            raise ValueError(f"memory.{name} cannot change at evaluation: the weights were trained with "
+                             f"memory.{name}={getattr(config, name)}; {can}")
+    return dataclasses.replace(config, **given) if given else config
 
 
 def describe(config: MemoryConfig) -> str:

@@ -61,6 +61,7 @@ class KnnConfig(MemoryConfig):
                               help="exact (batched products, on the store's device) or faiss (faiss-cpu, on the CPU)")
 
     name = "knn"
+    evaluation_settings = ("knn_size", "knn_top_k", "knn_search")
 
     def __post_init__(self) -> None:
         if self.knn_layers is not None and not isinstance(self.knn_layers, str):
