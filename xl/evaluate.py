@@ -6,7 +6,7 @@ settings; ``data=text data.train=... data.val=... data.test=...`` scores other d
 and batch unless the command line sets them, and the output says whose data and segments they are); the evaluation
 context (``memory.eval_mem_len``, ``memory.clamp_len``, ``memory.eval_same_length``), the device and the precision
 from ``conf/evaluate.yaml`` and its groups, so a checkpoint can be read with a longer memory than it was trained
-with, as in the paper; a memory's own settings that shape no weight take a ``+`` (``+memory.knn_size=262144``,
+with, as in the paper; a memory's own settings that shape no weight take a ``+`` (``+memory.NAME=VALUE``,
 :func:`eval_model_config`). The results go to
 ``results.json`` in the output folder and to W&B (the evaluated run's own W&B run when its folder records one);
 ``-m memory.eval_mem_len=0,128,512`` ends with the sweep's summary table and plot (:mod:`xl.training.sweep`).
@@ -207,7 +207,7 @@ def eval_context(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
 
 def eval_model_config(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
     """The checkpoint's model config, with the evaluation's values of its memory's evaluation settings: every key of
-    ``memory`` other than the shared context's (``+memory.knn_size=262144``; see
+    ``memory`` other than the shared context's (``+memory.NAME=VALUE``; see
     :attr:`xl.memory.settings.MemoryConfig.evaluation_settings`)."""
     model = checkpoint.model_config
     given = {k: v for k, v in OmegaConf.to_container(cfg.memory).items() if k not in CONTEXT_KEYS}
