@@ -42,8 +42,12 @@ def events(records: list[dict], kind: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_ddp_ranks_keep_their_own_memory_rows_and_resume(tmp_path, corpus):
-    whole = ddp_train(tmp_path, corpus, "whole")
+@pytest.mark.parametrize("memory", [(), ("memory=knn", "memory.knn_size=32", "memory.knn_top_k=4")],
+                         ids=["cache", "knn"])
+def test_ddp_ranks_keep_their_own_memory_rows_and_resume(tmp_path, corpus, memory):
+    """The retrieval memory's stores are part of each rank's state (its memory sum counts them): a store of 32
+    entries fills after two segments of 16 and then evicts, and the resume continues every rank's stores."""
+    whole = ddp_train(tmp_path, corpus, "whole", *memory)
     ids = np.frombuffer(corpus["train"].read_bytes(), dtype=np.uint8)
     train = {r: events(whole[r], "train") for r in (0, 1)}
     assert [e["step"] for e in train[0]] == list(range(1, 9))
@@ -59,8 +63,8 @@ def test_ddp_ranks_keep_their_own_memory_rows_and_resume(tmp_path, corpus):
         expected = (local0["sum"] + local1["sum"]) / (local0["weight"] + local1["weight"])
         assert logged["loss"] == pytest.approx(expected, rel=1e-6)
 
-    ddp_train(tmp_path, corpus, "first", "trainer.max_steps=4")
-    resumed = ddp_train(tmp_path, corpus, "second", f"ckpt_path={tmp_path / 'first' / 'run'}")
+    ddp_train(tmp_path, corpus, "first", "trainer.max_steps=4", *memory)
+    resumed = ddp_train(tmp_path, corpus, "second", f"ckpt_path={tmp_path / 'first' / 'run'}", *memory)
     for r in (0, 1):
         again = events(resumed[r], "train")
         assert [e["step"] for e in again] == [5, 6, 7, 8]

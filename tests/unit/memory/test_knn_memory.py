@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from tests.helpers.reference import position_embedding
 from xl.memory.knn import store
+from xl.memory.knn.attention import RetrievalGate
 from xl.memory.knn.memory import KnnConfig, KnnMemory
 from xl.model.config import XLConfig
 from xl.model.documents import Documents, positions
@@ -298,3 +299,17 @@ def test_a_step_under_bfloat16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         _, mems = model_logits(model, tokens, SEG, targets=torch.roll(tokens, -1, 1))
     assert mems[2].dtype == torch.float32 and all(torch.isfinite(p.grad).all() for p in model.retrieval.parameters())
+
+
+def test_a_segment_with_empty_stores_keeps_the_gates_in_the_graph(monkeypatch):
+    """No query retrieves in the first segment (the stores are empty), so the layer is the plain one; the gates and
+    scales still take part, with zero gradients, as distributed training (DDP) requires of every parameter."""
+    model = knn_model().train()
+    tokens, _ = streams()
+    targets = torch.roll(tokens, -1, 1)[:, :SEG]
+    out = model(tokens[:, :SEG], None, targets=targets)
+    out.loss.backward()
+    for p in model.retrieval.parameters():
+        assert p.grad is not None and torch.count_nonzero(p.grad) == 0
+    monkeypatch.setattr(RetrievalGate, "untouched", lambda self, local: local)  # the local heads as they are
+    assert torch.equal(model(tokens[:, :SEG], None, targets=targets).logits, out.logits)

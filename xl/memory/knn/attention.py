@@ -76,5 +76,11 @@ class RetrievalGate(nn.Module):
         self.gate = nn.Parameter(torch.zeros(n_head))
         self.scale = nn.Parameter(torch.full((n_head,), initial_scale(top_k)))
 
+    def untouched(self, local: Tensor) -> Tensor:
+        """``local`` as it is, with the parameters in its graph (a zero gradient for each), for a segment where no
+        query retrieves: what :func:`gated_retrieval` gives then, without the search. Distributed training (DDP)
+        refuses a step in which a parameter takes no part."""
+        return local + (self.gate.sum() + self.scale.sum()).to(local.dtype) * 0
+
     def forward(self, queries: Tensor, local: Tensor, keys: Tensor, values: Tensor, valid: Tensor) -> Tensor:
         return gated_retrieval(queries, local, keys, values, valid, self.gate, self.scale)

@@ -161,8 +161,8 @@ class KnnMemory(Memory):
             # On the CPU reading how full the store is costs nothing: an empty store leaves the local heads as they
             # are, and a filling one is searched over its filled slots only.
             limit = int(store.fill(entries).max()) if entries[store.KEYS].device.type == "cpu" else None
-            if limit == 0:
-                return local
+            if limit == 0:  # the gate still joins the graph, as on a device: DDP needs every parameter at every step
+                return gate.untouched(local) if torch.is_grad_enabled() else local
             visible = None if documents is None else store.sees_store(documents.pos)
             found = search(settings.knn_search, queries, entries, settings.knn_top_k, visible, limit, workspace)
             keys, values = gather(entries, found)
