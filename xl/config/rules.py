@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.bounds import bound_of, is_int, shown
@@ -245,7 +244,11 @@ def check_generate_config(cfg: DictConfig) -> None:
 
 
 # ---- the machine --------------------------------------------------------------------------------------------------
+# These rules ask torch about the machine; torch is imported when they run, not with the config package, so that
+# composing a config (--help, --cfg job, a misspelt key) starts without it.
 def uses_cuda(cfg: DictConfig) -> bool:
+    import torch
+
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
     return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
 
@@ -254,6 +257,8 @@ def auto_precision(on_cpu: bool, flags: frozenset[str] | set[str]) -> tuple[str,
     """What ``precision=auto`` trains in, and why: on a GPU, bf16 autocast where it has bf16 (Ampere on), else fp16 with
     loss scaling; on a CPU whose ``flags`` (:func:`xl.training.cpu.cpu_flags`) say it multiplies bfloat16 in hardware,
     bf16 autocast (faster there, the same held-out quality: docs/gpu.md), else float32."""
+    import torch
+
     if not on_cpu:
         if torch.cuda.is_bf16_supported():
             return "bf16-mixed", "the GPU computes bfloat16"
@@ -269,6 +274,8 @@ def check_device(cfg: DictConfig) -> bool:
 
     Returns whether the run uses CUDA GPUs.
     """
+    import torch
+
     t = cfg.trainer
     accelerator = str(t.get("accelerator", "auto"))
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():

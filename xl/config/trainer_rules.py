@@ -12,7 +12,6 @@ import difflib
 import inspect
 from typing import Any
 
-import torch
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
@@ -65,6 +64,8 @@ def logged_metrics(tokenizer: str) -> list[str]:
     """The metrics a training run logs at each validation and training step for ``data.tokenizer``, validation first:
     the figures that :class:`xl.training.metrics.LMMetrics` gives a batch, with a byte-length table (the data module
     always has one)."""
+    import torch  # (here, not at the top: composing a config starts without torch; see xl.config.rules)
+
     from xl.data.tokenizers import TOKENIZERS
     from xl.training.metrics import LMMetrics
 
@@ -91,6 +92,8 @@ def check_monitors(callbacks: Any, tokenizer: str) -> None:
 
 def check_compile(compile_cfg: Any) -> None:
     if compile_cfg.enabled:
+        import torch
+
         backends = torch.compiler.list_backends(exclude_tags=())
         if compile_cfg.backend not in backends:
             raise ValueError(f"compile.backend must be one of {', '.join(backends)}, got {compile_cfg.backend!r}")

@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from xl.config.rules import check_model
 from xl.memory import settings
-from xl.memory.settings import MEM_DTYPE_NAMES, MemoryConfig
+from xl.memory.settings import MemoryConfig
 
-MEM_DTYPES = {name: getattr(torch, name) for name in MEM_DTYPE_NAMES}
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -62,7 +61,9 @@ class XLConfig:
 
     def memory_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
         """The dtype the cache is stored in when the layer states are ``compute_dtype``."""
-        return compute_dtype if self.mem_dtype == "float32" else MEM_DTYPES[self.mem_dtype]
+        import torch  # (here: the config, and the config package with it, import without torch)
+
+        return compute_dtype if self.mem_dtype == "float32" else getattr(torch, self.mem_dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "memory": self.memory.to_dict()}

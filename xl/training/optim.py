@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from xl.config.bounds import Bound, above, at_least, between, check_fields, setting
+
+if TYPE_CHECKING:  # torch is imported by the functions that use it: the settings are the config's, loaded without it
+    import torch
+    from torch import nn
 
 
 @dataclass
@@ -45,6 +47,8 @@ def adamw(model: nn.Module, o: OptimConfig, scaled: bool) -> torch.optim.AdamW:
     (``scaled``) the GradScaler must unscale the gradients before clipping, which a fused optimizer would do inside
     its step: there the foreach implementation runs, and the scaler skips bad steps itself.
     """
+    import torch
+
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     return torch.optim.AdamW(
@@ -56,12 +60,16 @@ def adamw(model: nn.Module, o: OptimConfig, scaled: bool) -> torch.optim.AdamW:
 def warmup_cosine_schedule(optimizer: torch.optim.Optimizer, o: OptimConfig,
                            total: int) -> torch.optim.lr_scheduler.LambdaLR:
     """The LR schedule over ``total`` optimizer steps, stepped once per step."""
+    import torch
+
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, o.warmup_steps, total,
                                                                                    o.min_lr_ratio))
 
 
 def clip(params: Iterable[torch.Tensor], value: float, algorithm: str | None) -> None:
     """Clip gradients as Lightning's ``gradient_clip_val``/``gradient_clip_algorithm`` say (norm by default)."""
+    import torch
+
     if algorithm == "value":
         torch.nn.utils.clip_grad_value_(list(params), value)
     else:
