@@ -27,7 +27,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +97,63 @@ def probe_config(mem_len: int, largest: int, distances: Sequence[int], steps: in
                               *overrides])
 
 
+def flat(node: Any) -> dict[str, Any]:
+    """A composed config as ``{"data.source.gap": 600, ...}``."""
+    from omegaconf import OmegaConf
+
+    def walk(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                yield from walk(item, f"{prefix}{key}.")
+        else:
+            yield prefix[:-1], value
+
+    return dict(walk(OmegaConf.to_container(node, resolve=True), ""))
+
+
+def scored_memory(cfg: Any, scored_cfg: Any) -> Any:
+    """The memory the trained model is scored with: the run's, with the ``--score`` overrides of its evaluation
+    settings (another store size: :func:`xl.memory.settings.for_evaluation`); ConfigError in one sentence for an
+    override that would change the trained run (anything but the episodes, ``data.source.*``, and those settings)."""
+    from xl.config.rules import ConfigError
+    from xl.memory import settings
+
+    before, after = flat(cfg), flat(scored_cfg)
+    changed = {k: v for k, v in after.items() if before.get(k) != v}
+    other = [k for k in changed if not k.startswith(("data.source.", "memory."))]
+    if other:
+        raise ConfigError(f"--score {other[0]}=... would change the trained run; --score changes the episodes "
+                          f"(data.source.*) and the memory's evaluation settings only")
+    given = {k.removeprefix("memory."): v for k, v in changed.items() if k.startswith("memory.")}
+    try:
+        return settings.for_evaluation(settings.variant_config(cfg.memory, cfg), given)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def scoring(trained: Any, memory: Any, scored_cfg: Any) -> tuple[Any, np.ndarray]:
+    """The trained model with ``memory``'s settings (:func:`scored_memory`) and the validation rows of
+    ``scored_cfg``'s episodes."""
+    import dataclasses
+
+    from xl.model.transformer import TransformerXL
+    from xl.training.build import build_datamodule
+
+    model = TransformerXL(dataclasses.replace(trained.config, memory=memory))
+    model.load_state_dict(trained.state_dict())
+    datamodule = build_datamodule(scored_cfg)
+    datamodule.setup("validate")
+    return model.eval(), np.asarray(datamodule.val_dataloader().rows)
+
+
 def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out_dir: Path,
-              overrides: Sequence[str] = ()) -> tuple[dict[int, dict[int, float]], int, int]:
+              overrides: Sequence[str] = (), score: Sequence[str] = ()) -> tuple[dict[int, dict[int, float]], int, int]:
     """Train one tiny model per memory length on the recall stream, then measure accuracy against d.
 
     Returns the accuracies, the segment length and the number of layers. The gap between episodes is set to
     ``n_layer ×`` the largest memory plus one segment (unless ``data.source.gap`` is overridden), beyond even a
-    relayed reach, so no query can see an earlier episode's key.
+    relayed reach, so no query can see an earlier episode's key. ``score``: overrides of the scoring only (other
+    episodes, another store size: :func:`scoring`), checked before any training.
     """
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -116,6 +166,8 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
     seg_len = n_layer = 0
     for mem_len in mem_lens:
         cfg = probe_config(mem_len, max(mem_lens), distances, steps, out_dir, overrides)
+        scored_cfg = probe_config(mem_len, max(mem_lens), distances, steps, out_dir, [*overrides, *score])
+        memory = scored_memory(cfg, scored_cfg) if score else None
         seg_len, n_layer = cfg.data.tgt_len, cfg.model.n_layer
         start = time.time()
         run = build_run(cfg)
@@ -123,8 +175,9 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
             run.trainer.fit(run.module, datamodule=run.datamodule)
         except SIGTERMException as err:  # a signal (xl.training.callbacks.PreemptionCheckpoint): the probe stops
             sys.exit(f"error: {err or 'stopped by a signal'}; the probe's runs are in {out_dir}")
-        rows = np.asarray(run.datamodule.val_dataloader().rows)
-        counts = recall_accuracy(run.module.model, rows, seg_len, mem_len)
+        model, rows = (run.module.model, np.asarray(run.datamodule.val_dataloader().rows)) if not score else \
+            scoring(run.module.model, memory, scored_cfg)
+        counts = recall_accuracy(model, rows, seg_len, mem_len)
         results[mem_len] = {d: hit / total for d, (hit, total) in sorted(counts.items())}
         print(f"mem_len={mem_len}: trained and scored in {time.time() - start:.0f} s", flush=True)
     return results, seg_len, n_layer
@@ -170,6 +223,28 @@ def write_report(results: dict[int, dict[int, float]], distances: Sequence[int],
     return table
 
 
+def scored_distances(score: Sequence[str]) -> list[int] | None:
+    """The distances ``--score`` sets (``data.source.distances=[...]``), or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    found = [o.value() for o in OverridesParser.create().parse_overrides(list(score))
+             if o.key_or_group == "data.source.distances"]
+    return [int(d) for d in found[-1]] if found else None
+
+
+def check_scoring(score: Sequence[str]) -> None:
+    """Refuse, before any training, ``--score`` overrides of anything but the episodes and the memory."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from xl.config.rules import ConfigError
+
+    for o in OverridesParser.create().parse_overrides(list(score)):
+        key = o.key_or_group.lstrip("+")
+        if not key.startswith(("data.source.", "memory.")):
+            raise ConfigError(f"--score {o.input_line} would change the trained run; --score changes the episodes "
+                              "(data.source.*) and the memory's evaluation settings only")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Recall accuracy against distance for several memory lengths.")
     parser.add_argument("--mem-lens", type=int, nargs="+", default=[0, 32, 64])
@@ -177,14 +252,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--out", type=Path, default=Path("outputs/probe"))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (a tiny model runs best on one)")
+    parser.add_argument("--score", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="score the trained models on other episodes or with another store, e.g. "
+                             "data.source.gap=4200 data.source.distances=[1024,4096] memory.knn_size=4096 (the "
+                             "table's columns are then the scored distances)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, before the options (--mem-lens and "
                         "--distances take every number after them), e.g. model.n_layer=3 seed=1")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.time()
     with exit_on_user_error():
-        results, seg_len, n_layer = run_probe(args.mem_lens, args.distances, args.steps, args.out, args.overrides)
-    print(write_report(results, args.distances, args.out, seg_len, n_layer))
+        check_scoring(args.score)
+        results, seg_len, n_layer = run_probe(args.mem_lens, args.distances, args.steps, args.out, args.overrides,
+                                              args.score)
+    columns = scored_distances(args.score) or args.distances
+    print(write_report(results, columns, args.out, seg_len, n_layer))
     print(f"plot: {args.out / 'probe.png'}; wall time {time.time() - start:.0f} s")
 
 

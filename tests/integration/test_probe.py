@@ -1,4 +1,4 @@
-"""The memory probe's reach prediction and scorer (the training itself is a documented command, not a test)."""
+"""The memory probe's reach prediction, scorer and scoring options (the training itself is a documented command)."""
 
 from __future__ import annotations
 
@@ -105,3 +105,39 @@ def test_the_probe_prints_its_progress_and_table_and_none_of_lightnings_notices(
     noise = ("litlogger", "GPU available", "TPU available", "Automatic Mixed Precision", "limit_train_batches",
              "max_steps=2` reached", "LeafSpec")
     assert [n for n in noise if n in out] == []
+
+
+def test_scoring_with_other_episodes_and_a_larger_store_reads_the_trained_weights(tmp_path):
+    """--score: the trained weights, with the store of the scoring's size, read the scoring's episodes (their
+    distances only)."""
+    from xl.probe import probe_config, scored_memory, scoring
+    from xl.training.build import build_run
+
+    train = ["data.source.gap=60", "data.source.episodes=40", "data.source.eval_episodes=8", "memory=knn",
+             "memory.knn_size=16", "memory.knn_top_k=4"]
+    score = ["data.source.gap=200", "data.source.distances=[40,120]", "memory.knn_size=128"]
+    cfg = probe_config(8, 8, [4, 16], 2, tmp_path, train)
+    scored_cfg = probe_config(8, 8, [4, 16], 2, tmp_path, [*train, *score])
+    memory = scored_memory(cfg, scored_cfg)
+    assert (memory.knn_size, memory.knn_top_k) == (128, 4)
+    run = build_run(cfg)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    model, rows = scoring(run.module.model, memory, scored_cfg)
+    assert model.config.memory.knn_size == 128 and model.config.n_layer == run.module.model.config.n_layer
+    for (name, a), b in zip(model.state_dict().items(), run.module.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert {int(d) for d in query_distances(rows[0, :-1])[rows[0, :-1] == ord("?")]} <= {40, 120}
+    assert set(recall_accuracy(model, rows, 8, 8)) == {40, 120}
+
+
+@pytest.mark.parametrize("score,says", [
+    (["model.n_layer=3"], "--score model.n_layer=3 would change the trained run"),
+    (["memory.knn_layers=[0]"], "memory.knn_layers cannot change at evaluation"),
+])
+def test_scoring_that_would_change_the_trained_run_is_refused_before_training(tmp_path, score, says):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "xl.probe", "memory=knn", "--mem-lens", "8", "--steps", "2",
+                             "--out", str(tmp_path / "probe"), "--score", *score],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and says in result.stderr and "trained and scored" not in result.stdout
+    assert not (tmp_path / "probe").exists()
