@@ -10,7 +10,9 @@ appended after the user's (``SCALE``: a tiny model, two steps, a few batches; la
 argparse). Commands run in a fresh folder holding small text files under the names the docs use (``WORKSPACE_FILES``),
 one block after another in document order, so a block that trains and then evaluates what it trained runs as such.
 ``RUN`` and ``CKPT`` in a command stand for a run folder and its ``last.ckpt``, made by a tiny training first;
-``SRC`` for a published-layout model folder (the test fixture), ``OUT`` for a new folder (``substitute``).
+``SRC`` for a published-layout model folder (the test fixture), ``OUT`` for a new folder (``substitute``). A command
+naming a training's step checkpoint (``runs/x/checkpoints/step0001000.ckpt``) names the one the shrunk training
+writes instead (``shrunk_step``).
 
 Install commands are not run: they must be the CI's (``.ci/run``) or name an extra that ``pyproject.toml`` defines.
 Commands that cannot run here (a GPU, a cluster, a download, an account) are listed in ``SKIP`` with the reason; their
@@ -422,6 +424,17 @@ def substitute(text: str, workspace: Path, counter: list[int]) -> str:
     return re.sub(r"\b(RUN|CKPT|SRC|OUT)\b", lambda m: str(paths[m.group()]), text)
 
 
+def shrunk_step(text: str, workspace: Path) -> str:
+    """A step checkpoint the command names (``runs/x/checkpoints/step0001000.ckpt``) replaced by the step checkpoint
+    that the shrunk training of that folder wrote (its own step count)."""
+    def written(match: re.Match) -> str:
+        found = sorted((workspace / match.group(1)).glob("step*.ckpt"))
+        assert len(found) == 1, f"{match.group(1)} holds {len(found)} step checkpoints, not one"
+        return str(found[0].relative_to(workspace))
+
+    return re.sub(r"([^\s=]*checkpoints/)step\d{7}\.ckpt", written, text)
+
+
 def run_block(commands: list[Command], workspace: Path) -> None:
     counter = [0]
     for command in commands:
@@ -435,7 +448,7 @@ def run_block(commands: list[Command], workspace: Path) -> None:
                 if argv[0] == "python":
                     compose_only(argv[1:])
             continue
-        text = substitute(command.text, workspace, counter)
+        text = shrunk_step(substitute(command.text, workspace, counter), workspace)
         for argv in shell_argv(text, workspace, workspace / ".rec"):
             counter[0] += 1
             if argv[0] == "pip":
