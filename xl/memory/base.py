@@ -154,7 +154,8 @@ class Memory:
                attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
                documents: Documents | None = None) -> Update:
         """The state after a segment, from each layer's inputs over the segment's positions ``layer_inputs`` and the
-        last layer's ``outputs``; ``attached``: keep it in the graph (gradients reach this segment from the next);
+        last layer's ``outputs``; ``attached``: keep it in the graph (gradients reach this segment from the next; the
+        model asks it only of a memory whose config's ``check_window`` allows windows of two segments);
         ``dtype``: the storage dtype. ``kv``: each layer's keys/values [B, H, M+L', D] over memory ∘ segment, as its
         attention computed them (in the graph); ``keep_kv``: return the new state's keys/values (:attr:`Update.kv`)
         when they can be taken from ``kv``. ``documents``: where the segment's documents begin (None: one text per

@@ -121,8 +121,6 @@ class CompressiveMemory(Memory):
     def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
                attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
                documents: Documents | None = None) -> Update:
-        if attached:
-            self.settings.check_window(2, mem_len)
         n = self.config.n_layer
         old_slots, old_states = state[:n], state[n:]
         C, S, L = old_slots[0].size(1), old_states[0].size(1), layer_inputs[0].size(1)

@@ -184,6 +184,8 @@ class TransformerXL(nn.Module):
         same_length = cfg.same_length if same_length is None else same_length
         check_context(mem_len, clamp_len, same_length)
         memory.settings.check_context(same_length)
+        if not detach_memory:  # the next segment's gradient reaches this one: a window of two segments
+            memory.settings.check_window(2, mem_len)
         B = input_ids.size(0)
         state = self.init_mems(B) if mems is None else memory.adopt(mems, B, mem_len)
         context = memory.context(state)

@@ -190,8 +190,6 @@ class KnnMemory(Memory):
     def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
                attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
                documents: Documents | None = None) -> Update:
-        if attached:
-            self.settings.check_window(2, mem_len)
         n = self.config.n_layer
         held = state[0].size(1)
         cache = self.cache.update(state[:n], layer_inputs, outputs, mem_len=mem_len, attached=False, dtype=dtype,
