@@ -252,10 +252,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--out", type=Path, default=Path("outputs/probe"))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (a tiny model runs best on one)")
-    parser.add_argument("--score", nargs="+", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--score", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                         help="score the trained models on other episodes or with another store, e.g. "
                              "data.source.gap=4200 data.source.distances=[1024,4096] memory.knn_size=4096 (the "
-                             "table's columns are then the scored distances)")
+                             "table's columns are then the scored distances; given twice, both count)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, before the options (--mem-lens and "
                         "--distances take every number after them), e.g. model.n_layer=3 seed=1")
     args = parser.parse_args(argv)
