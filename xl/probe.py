@@ -253,9 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("outputs/probe"))
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (a tiny model runs best on one)")
     parser.add_argument("--score", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-                        help="score the trained models on other episodes or with another store, e.g. "
-                             "data.source.gap=4200 data.source.distances=[1024,4096] memory.knn_size=4096 (the "
-                             "table's columns are then the scored distances; given twice, both count)")
+                        help="score the trained models on other episodes (data.source.gap=4200 "
+                             "data.source.distances=[1024,4096]) or with other memory evaluation settings; the table's "
+                             "columns are then the scored distances; given twice, both count")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides, before the options (--mem-lens and "
                         "--distances take every number after them), e.g. model.n_layer=3 seed=1")
     args = parser.parse_args(argv)
