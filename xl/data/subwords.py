@@ -149,6 +149,10 @@ class SubwordTokenizer:
             vocab_size=self.settings["vocab_size"], special_tokens=self.special_tokens,
             initial_alphabet=sorted(BYTE_ALPHABET), show_progress=False)
         tokenizer.train_from_iterator((piece for text in texts for piece in _pieces(text)), trainer)
+        # The trained model as its own file reads it back: a Unigram model fresh from its trainer can split a text
+        # otherwise than the same model loaded from its JSON (a few tokens of a corpus, in a few fits out of a
+        # hundred), and the token cache, a shared model and a tokenizer_file all load the JSON.
+        tokenizer = hf.Tokenizer.from_str(tokenizer.to_str())
         self._use(tokenizer, np.arange(tokenizer.get_vocab_size()), f"data.tokenizer={self.name}")
 
     def rank_by_frequency(self, train_ids: np.ndarray) -> np.ndarray:
