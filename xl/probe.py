@@ -39,7 +39,10 @@ from xl.config.compose import compose, exit_on_user_error
 from xl.data.recall import KEYS, QUERY
 
 # Small enough for a CPU; 2 layers and width 64 learn the retrieval within 3,000 steps (width 32 did not in 600).
-PROBE_MODEL = ("model=tiny", "model.d_model=64", "model.n_head=4", "model.d_inner=256", "optim.lr=3e-3")
+# float32 whatever the CPU (precision=auto would train bf16-mixed where the CPU computes bfloat16): what a run
+# learns is a fork in the road (relay or not), and bfloat16 rounding moves it, so the figures would depend on the CPU.
+PROBE_MODEL = ("model=tiny", "model.d_model=64", "model.n_head=4", "model.d_inner=256", "optim.lr=3e-3",
+               "precision=32-true")
 
 
 def query_distances(row: np.ndarray) -> np.ndarray:
