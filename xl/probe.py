@@ -125,8 +125,8 @@ def scored_memory(cfg: Any, scored_cfg: Any) -> Any:
     changed = {k: v for k, v in after.items() if before.get(k) != v}
     other = [k for k in changed if not k.startswith(("data.source.", "memory."))]
     if other:
-        raise ConfigError(f"--score {other[0]}=... would change the trained run; --score changes the episodes "
-                          f"(data.source.*) and the memory's evaluation settings only")
+        raise ConfigError(f"--score {other[0]}={changed[other[0]]} would change the trained run; --score changes the "
+                          "episodes (data.source.*) and the memory's evaluation settings only")
     given = {k.removeprefix("memory."): v for k, v in changed.items() if k.startswith("memory.")}
     try:
         return settings.for_evaluation(settings.variant_config(cfg.memory, cfg), given)
@@ -167,10 +167,12 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
     quiet_warnings()
     results: dict[int, dict[int, float]] = {}
     seg_len = n_layer = 0
+    runs = []  # every run's config, and its scoring's, checked before the first training
     for mem_len in mem_lens:
         cfg = probe_config(mem_len, max(mem_lens), distances, steps, out_dir, overrides)
         scored_cfg = probe_config(mem_len, max(mem_lens), distances, steps, out_dir, [*overrides, *score])
-        memory = scored_memory(cfg, scored_cfg) if score else None
+        runs.append((mem_len, cfg, scored_cfg, scored_memory(cfg, scored_cfg) if score else None))
+    for mem_len, cfg, scored_cfg, memory in runs:
         seg_len, n_layer = cfg.data.tgt_len, cfg.model.n_layer
         start = time.time()
         run = build_run(cfg)
@@ -235,19 +237,6 @@ def scored_distances(score: Sequence[str]) -> list[int] | None:
     return [int(d) for d in found[-1]] if found else None
 
 
-def check_scoring(score: Sequence[str]) -> None:
-    """Refuse, before any training, ``--score`` overrides of anything but the episodes and the memory."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from xl.config.rules import ConfigError
-
-    for o in OverridesParser.create().parse_overrides(list(score)):
-        key = o.key_or_group.lstrip("+")
-        if not key.startswith(("data.source.", "memory.")):
-            raise ConfigError(f"--score {o.input_line} would change the trained run; --score changes the episodes "
-                              "(data.source.*) and the memory's evaluation settings only")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Recall accuracy against distance for several memory lengths.")
     parser.add_argument("--mem-lens", type=int, nargs="+", default=[0, 32, 64])
@@ -265,7 +254,6 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     start = time.time()
     with exit_on_user_error():
-        check_scoring(args.score)
         results, seg_len, n_layer = run_probe(args.mem_lens, args.distances, args.steps, args.out, args.overrides,
                                               args.score)
     columns = scored_distances(args.score) or args.distances
