@@ -24,7 +24,7 @@ def test_command_times_every_piece_and_estimates_the_ratio(capsys):
     for mode in ("train", "eval"):
         assert model[f"{mode}/ratio"] == pytest.approx(model[f"{mode}/knn"] / model[f"{mode}/plain"])
     out = capsys.readouterr().out
-    assert "estimated ratio" in out and "faiss/exact" in out and "knn/plain" in out
+    assert "estimated ratio" in out and "faiss/exact" in out and "knn/plain" in out and "mem_dtype bfloat16" in out
 
 
 def test_the_reports_read_their_numbers():

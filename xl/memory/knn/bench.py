@@ -61,11 +61,13 @@ def medians_ms(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, 
     return {name: 1000.0 / statistics.median(r) for name, r in rates.items()}
 
 
-def model_runs(batch: int, tgt_len: int, size: int, top_k: int, search: str) -> dict[str, Callable[[], object]]:
+def model_runs(batch: int, tgt_len: int, size: int, top_k: int, search: str,
+               dtype: torch.dtype = torch.float32) -> dict[str, Callable[[], object]]:
     """The ``model`` part: a training and an evaluation step of the plain model and of the model with a full
-    retrieval store, by name."""
-    plain = XLConfig(**CONFIG_S)
-    knn = XLConfig(**{**CONFIG_S, "memory": KnnConfig(knn_size=size, knn_top_k=top_k, knn_search=search)})
+    retrieval store, by name. ``dtype``: both models' ``mem_dtype`` (the cache's, and the store's)."""
+    base = {**CONFIG_S, "mem_dtype": str(dtype).removeprefix("torch.")}
+    plain = XLConfig(**base)
+    knn = XLConfig(**{**base, "memory": KnnConfig(knn_size=size, knn_top_k=top_k, knn_search=search)})
     stream = token_stream(plain, batch, tgt_len, 8)
     runs = {}
     for name, cfg in (("plain", plain), ("knn", knn)):
@@ -76,7 +78,7 @@ def model_runs(batch: int, tgt_len: int, size: int, top_k: int, search: str) -> 
             runner.run(cfg.mem_len // tgt_len + 1)  # a full cache before timing
             if name == "knn":  # and a full store in the retrieval layer
                 n = cfg.n_layer
-                runner.mems = runner.mems[:n] + full_store(batch, cfg.n_head, size, cfg.d_head)
+                runner.mems = runner.mems[:n] + full_store(batch, cfg.n_head, size, cfg.d_head, dtype)
             runs[f"{mode}/{name}"] = lambda r=runner: r.run(1)
     return runs
 
@@ -203,7 +205,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     p.add_argument("--size", type=int, default=16384, help="model and segment parts: store entries per row and head")
     p.add_argument("--search", choices=("exact", "faiss"), default="exact", help="model and segment parts: the search")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="segment part: the store's dtype (a bfloat16 store is searched in bfloat16)")
+                   help="model and segment parts: the store's dtype (a bfloat16 store is searched in bfloat16; "
+                        "in the model part, both models' mem_dtype)")
     p.add_argument("--top-k", type=int, default=32)
     p.add_argument("--cross-batch", type=int, default=16, help="crossover part: batch rows")
     p.add_argument("--cross-queries", type=int, default=32, help="crossover part: queries per row and head")
@@ -224,14 +227,14 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
           f"{args.threads} thread(s); {args.rounds} interleaved "
           f"rounds; config S (4 heads of 64), top-k {args.top_k}")
     results: dict[str, object] = {}
+    dtype = getattr(torch, args.dtype)
     if "model" in parts:
         print(f"model: batch {args.batch}, segments of {args.tgt_len}, mem_len {CONFIG_S['mem_len']}, memory=knn "
               f"with a full store of {args.size:,} entries per row and head ({args.search} search) against the "
-              "plain memory")
-        runs = model_runs(args.batch, args.tgt_len, args.size, args.top_k, args.search)
+              f"plain memory, mem_dtype {args.dtype}")
+        runs = model_runs(args.batch, args.tgt_len, args.size, args.top_k, args.search, dtype)
         results["model"] = report_model(medians_ms(runs, args.rounds))
     if "segment" in parts:
-        dtype = getattr(torch, args.dtype)
         print(f"segment: batch {args.batch}, segments of {args.tgt_len}, mem_len {CONFIG_S['mem_len']}, "
               f"store of {args.size:,} entries per row and head in {args.dtype}")
         runs = segment_runs(args.batch, args.tgt_len, args.size, args.top_k, args.search, dtype)

@@ -86,11 +86,22 @@ def _topk(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     Two passes instead of one ``topk`` over N: the rows' k best groups of GROUP columns by their maxima, then the k
     best columns of those k·GROUP. Exact: the k-th largest group maximum T has k columns at or above it, so every
     column among the k largest is at least T, and lies in a group whose maximum is at least T.
+
+    A group is GROUP adjacent columns for float32 and float64 scores, and GROUP columns N / GROUP apart for 16-bit
+    ones: torch's CPU kernels reduce a 16-bit innermost dimension of 32 several times slower than the same values
+    across rows (``python -m xl.memory.knn.bench --only segment --dtype bfloat16``), and for 32-bit values the
+    adjacent groups' candidates are cheaper to gather.
     """
     R, N = scores.shape
     G = N // GROUP
     if N % GROUP or G <= k:
         return scores.topk(k, dim=-1)
+    if scores.element_size() < 4:  # group j: columns j, j + G, ..., j + (GROUP - 1)·G
+        spread = scores.view(R, GROUP, G)
+        groups = spread.amax(1).topk(k, dim=-1, sorted=False).indices  # [R, k]
+        candidates = spread.gather(2, groups[:, None, :].expand(R, GROUP, k)).view(R, GROUP * k)
+        values, j = candidates.topk(k, dim=-1)
+        return values, (j // k) * G + groups.gather(-1, j % k)
     groups = scores.view(R, G, GROUP).amax(-1).topk(k, dim=-1, sorted=False).indices  # [R, k]
     rows = (torch.arange(R, device=scores.device)[:, None] * G + groups).flatten()
     candidates = scores.view(R * G, GROUP).index_select(0, rows).view(R, k * GROUP)
