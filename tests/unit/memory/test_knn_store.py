@@ -72,11 +72,14 @@ def test_a_document_that_begins_with_the_new_entries_still_forgets_the_old_ones(
     assert state[COUNT].tolist() == [0]
 
 
-def stream_writes(lengths: list[int], total: int, size: int, starts: torch.Tensor, seed: int) -> list[torch.Tensor]:
+def stream_writes(lengths: list[int], total: int, size: int, starts: torch.Tensor, seed: int,
+                  contiguous: bool = True) -> list[torch.Tensor]:
     """The store after writing entries 0 … total-1 of 3 rows in chunks of ``lengths`` (cycled), each row's documents
-    beginning where ``starts`` [3, total] says."""
+    beginning where ``starts`` [3, total] says (into a store whose tensors are strided views unless ``contiguous``)."""
     k, v = entries(3, 2, total, 3, seed)
     state = store.empty(3, 2, size, 3, dtype=torch.float64)
+    if not contiguous:
+        state[KEYS], state[VALUES] = (torch.zeros(3, 2, 3, size, dtype=torch.float64).transpose(2, 3) for _ in "kv")
     pos = positions(starts)
     begin, i = 0, 0
     while begin < total:
@@ -104,6 +107,15 @@ def test_the_same_entries_written_in_any_chunks_give_the_same_store(lengths):
     for b in range(3):
         filled = int(store.fill(one_by_one)[b])
         assert torch.equal(one_by_one[VALUES][b, :, :filled], chunked[VALUES][b, :, :filled])
+
+
+def test_a_strided_store_is_written_in_place_as_a_contiguous_one():
+    gen = torch.Generator().manual_seed(8)
+    starts = torch.rand(3, 23, generator=gen) < 0.15
+    flat = stream_writes([2, 5, 1], 23, 7, starts, seed=9)
+    strided = stream_writes([2, 5, 1], 23, 7, starts, seed=9, contiguous=False)
+    assert not strided[KEYS].is_contiguous()
+    assert all(torch.equal(a, b) for a, b in zip(flat, strided, strict=True))
 
 
 def test_the_store_holds_the_newest_entries_of_each_rows_current_document():

@@ -78,9 +78,19 @@ def write(state: list[Tensor], keys: Tensor, values: Tensor, doc_start: Tensor |
         # Entry j is the row's (count + j - skip)-th: slot (count + j - skip) % N. The stored ones (j >= trim) are at
         # most N consecutive entries, so their slots differ; those of an old document land beyond the row's fill.
         slots = (count - skip)[:, None] + torch.arange(trim, n, device=count.device)
-        index = (slots % N)[:, None, :, None].expand(B, H, n - trim, D)
-        store_k.scatter_(2, index, F.normalize(keys[:, :, trim:].detach().to(store_k.dtype), dim=-1))
-        store_v.scatter_(2, index, values[:, :, trim:].detach().to(store_v.dtype))
+        new_k = F.normalize(keys[:, :, trim:].detach().to(store_k.dtype), dim=-1)
+        new_v = values[:, :, trim:].detach().to(store_v.dtype)
+        if store_k.is_contiguous() and store_v.is_contiguous():
+            # Whole rows of D values into the flat [B·H·N, D] views: what torch's CPU kernels write fastest, in
+            # every dtype (scatter_ into a bfloat16 store costs more than the segment's search; python -m
+            # xl.memory.knn.bench --only segment --dtype bfloat16 times the write).
+            rows = ((torch.arange(B * H, device=count.device).view(B, H, 1) * N) + (slots % N)[:, None]).flatten()
+            store_k.view(B * H * N, D).index_copy_(0, rows, new_k.reshape(-1, D))
+            store_v.view(B * H * N, D).index_copy_(0, rows, new_v.reshape(-1, D))
+        else:
+            index = (slots % N)[:, None, :, None].expand(B, H, n - trim, D)
+            store_k.scatter_(2, index, new_k)
+            store_v.scatter_(2, index, new_v)
         state[COUNT] = count + n - skip
     return state
 
