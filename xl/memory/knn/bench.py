@@ -142,7 +142,7 @@ def segment_runs(batch: int, tgt_len: int, size: int, top_k: int, search: str,
 
     def shift() -> None:  # the alternative to the ring: every entry moves back by the n written
         for i, new in ((store.KEYS, new_k), (store.VALUES, new_v)):
-            state[i] = torch.cat([state[i][:, :, L:], new], 2)
+            state[i] = torch.cat([state[i][:, :, L:], new.to(state[i].dtype)], 2)  # the store keeps its dtype
 
     return {
         "train/model": lambda: train.run(1), "eval/model": lambda: evaluate.run(1),
