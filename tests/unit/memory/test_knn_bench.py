@@ -14,10 +14,11 @@ def test_command_times_every_piece_and_estimates_the_ratio(capsys):
     results = main(["--batch", "2", "--tgt-len", "8", "--size", "256", "--rounds", "1", "--cross-batch", "2",
                     "--cross-queries", "4", "--sizes", "64", "128", "--dtype", "bfloat16"])
     segment = results["segment"]
-    for name in ("train/model", "eval/model", "train/local attention", "search (exact)", "gather", "write (ring)",
-                 "write (shift)", "eval/gated attention"):
+    for name in ("train/model", "eval/model", "train/local attention", "search (exact)", "train/gather",
+                 "eval/gather", "write (ring)", "write (shift)", "eval/gated attention"):
         assert segment[name] > 0
-    extra = segment["search (exact)"] + segment["gather"] + segment["write (ring)"] + segment["eval/gated attention"]
+    extra = (segment["search (exact)"] + segment["eval/gather"] + segment["write (ring)"]
+             + segment["eval/gated attention"])
     assert segment["eval/ratio"] == pytest.approx((segment["eval/model"] + extra) / segment["eval/model"])
     assert set(results["crossover"]) == {64, 128} and 0 < results["recall"] <= 1
     model = results["model"]
@@ -30,7 +31,8 @@ def test_command_times_every_piece_and_estimates_the_ratio(capsys):
 def test_the_reports_read_their_numbers():
     assert report_model({"train/plain": 2.0, "train/knn": 3.0, "eval/plain": 1.0, "eval/knn": 2.5})["eval/ratio"] == 2.5
     ms = {"train/model": 10.0, "eval/model": 4.0, "train/local attention": 2.0, "eval/local attention": 1.0,
-          "search (exact)": 1.0, "gather": 0.5, "train/gated attention": 1.0, "eval/gated attention": 0.5,
+          "search (exact)": 1.0, "train/gather": 0.5, "eval/gather": 0.5, "train/gated attention": 1.0,
+          "eval/gated attention": 0.5,
           "write (ring)": 0.5, "write (shift)": 3.0}
     out = report_segment(ms, "exact")
     assert out["train/ratio"] == pytest.approx(1.3) and out["eval/ratio"] == pytest.approx(1.625)

@@ -87,7 +87,7 @@ def test_a_large_store_is_searched_exactly_with_or_without_a_workspace():
     for _ in range(2):  # the second search reuses the first one's buffer
         assert as_lists(exact_topk(queries, state, 8, visible, workspace=workspace)) == expected
     assert as_lists(exact_topk(queries, state, 8, visible)) == expected
-    assert workspace.buffer.numel() == 3 * 2 * 5 * GROUP * 24
+    assert workspace.buffers["scores"].numel() == 3 * 2 * 5 * GROUP * 24
 
 
 def test_a_limit_on_the_slots_searched_is_only_a_saving():
@@ -146,6 +146,22 @@ def test_search_by_name_and_a_clear_refusal_of_an_unknown_one():
         search("annoy", queries, state, 2)
     with pytest.raises(ValueError, match=r"queries must be \[B, H, L, D\] = \[1, 1, L, 3\]"):
         exact_topk(torch.zeros(1, 2, 2, 3), state, 2)
+
+
+def test_gather_into_a_workspace_gives_the_same_entries_under_inference_mode_and_reuses_its_buffers():
+    state = filled_store([5, 7], heads=2, size=8, d=3)
+    queries = torch.randn(2, 2, 4, 3, dtype=torch.float64)
+    found = exact_topk(queries, state, 3)
+    expected = gather(state, found)
+    workspace = Workspace()
+    with torch.inference_mode():
+        first = [t.clone() for t in gather(state, found, workspace)]
+        buffers = dict(workspace.buffers)
+        again = gather(state, found, workspace)
+    assert all(torch.equal(a, b) for a, b in zip(expected, first, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(expected, again, strict=True))
+    assert set(buffers) == {"keys", "values"} and not buffers["keys"].is_inference()
+    assert all(workspace.buffers[name] is buffers[name] for name in buffers)  # the same memory, not a fresh one
 
 
 def test_gather_returns_copies_of_the_retrieved_entries_without_gradient():

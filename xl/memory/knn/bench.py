@@ -5,7 +5,8 @@ rounds in one process so that a shared CPU slows every piece alike:
   layer, the default, its store full: 16,384 random entries per row and head) against the same model with the plain
   memory: a training step (forward, backward, AdamW) and an evaluation step (cached keys/values) of each, and the
   ratios. This is the whole retrieval memory as a run uses it.
-- ``segment``: the same shape, piece by piece: the search (exact, or faiss), gathering the retrieved entries, the
+- ``segment``: the same shape, piece by piece: the search (exact, or faiss), gathering the retrieved entries (into
+  fresh tensors in training, which keeps them for its backward pass; into the search's workspace in evaluation), the
   gated attention (forward; forward and backward in training) and writing the entries that left the window (the ring
   buffer; and, for comparison, a store that shifts its entries instead), against the local attention sublayer of
   one layer and against the whole model's segment. The pieces added to the model's segment estimate a model with one
@@ -147,7 +148,8 @@ def segment_runs(batch: int, tgt_len: int, size: int, top_k: int, search: str,
     return {
         "train/model": lambda: train.run(1), "eval/model": lambda: evaluate.run(1),
         "train/local attention": local_train, "eval/local attention": local_eval,
-        f"search ({search})": lambda: find(queries, state, top_k), "gather": lambda: gather(state, found),
+        f"search ({search})": lambda: find(queries, state, top_k),
+        "train/gather": lambda: gather(state, found), "eval/gather": lambda: gather(state, found, workspace),
         "train/gated attention": attend_train, "eval/gated attention": attend_eval,
         "write (ring)": lambda: store.write(state, new_k, new_v), "write (shift)": shift,
     }
@@ -159,10 +161,10 @@ def report_segment(ms: dict[str, float], search: str) -> dict[str, float]:
     print(f"  {'piece':<{width}}  {'ms/segment':>10}")
     for name, value in ms.items():
         print(f"  {name:<{width}}  {value:>10.2f}")
-    shared = ms[f"search ({search})"] + ms["gather"] + ms["write (ring)"]
+    shared = ms[f"search ({search})"] + ms["write (ring)"]
     out = dict(ms)
     for mode in ("train", "eval"):
-        extra = shared + ms[f"{mode}/gated attention"]
+        extra = shared + ms[f"{mode}/gather"] + ms[f"{mode}/gated attention"]
         out[f"{mode}/ratio"] = (ms[f"{mode}/model"] + extra) / ms[f"{mode}/model"]
         out[f"{mode}/vs local"] = extra / ms[f"{mode}/local attention"]
         print(f"  {mode}: retrieval adds {extra:.1f} ms to the model's {ms[f'{mode}/model']:.1f} ms "

@@ -102,7 +102,7 @@ class KnnMemory(Memory):
         self.layers = layers
         self.cache = CacheMemory(config)
         self.gates: nn.ModuleList | None = None
-        # One scores buffer for every retrieval layer's exact search (they run one after another, with one shape).
+        # One set of buffers for every retrieval layer (they run one after another, with one shape).
         self.workspace = Workspace()
 
     def build(self) -> dict[str, nn.Module]:
@@ -165,7 +165,8 @@ class KnnMemory(Memory):
                 return gate.untouched(local) if torch.is_grad_enabled() else local
             visible = None if documents is None else store.sees_store(documents.pos)
             found = search(settings.knn_search, queries, entries, settings.knn_top_k, visible, limit, workspace)
-            keys, values = gather(entries, found)
+            # Without gradient the retrieved entries are used up within the layer: gathered into the workspace.
+            keys, values = gather(entries, found, None if torch.is_grad_enabled() else workspace)
             return gate(queries, local, keys, values, found.valid)
 
         return extend

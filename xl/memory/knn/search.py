@@ -63,21 +63,28 @@ GROUP = 32  # slots whose best score the exact search's first pass keeps togethe
 
 
 class Workspace:
-    """The exact search's scores buffer, kept from one search to the next: a fresh tensor of that size (B·H·L·N
-    scores, 256 MiB at config S with 16,384 entries) costs a CPU about as much as the product that fills it."""
+    """Buffers kept from one search to the next: the exact search's scores (B·H·L·N values, 256 MiB at config S with
+    16,384 entries) and, for :func:`gather` without gradient, the retrieved keys and values (32 MiB each there). A
+    CPU allocates a fresh tensor of such a size by mapping new pages and faulting each one in, which costs about as
+    much as filling it: four times the gather's own time at config S."""
 
     def __init__(self) -> None:
-        self.buffer: Tensor | None = None
+        self.buffers: dict[str, Tensor] = {}
 
-    def scores(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        """A tensor of ``shape`` in the buffer ``name``, its contents undefined; what an earlier call returned for
+        that name becomes invalid."""
         need = math.prod(shape)
-        buf = self.buffer
+        buf = self.buffers.get(name)
         if buf is None or buf.numel() < need or buf.dtype != dtype or buf.device != device:
             # An ordinary tensor even under torch.inference_mode (Lightning evaluates in it), so that training can
             # write into it afterwards.
             with torch.inference_mode(False):
-                self.buffer = buf = torch.empty(need, dtype=dtype, device=device)
+                self.buffers[name] = buf = torch.empty(need, dtype=dtype, device=device)
         return buf[:need].view(shape)
+
+    def scores(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        return self.get("scores", shape, dtype, device)
 
 
 def _topk(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -173,13 +180,16 @@ def faiss_topk(queries: Tensor, state: list[Tensor], k: int, visible: Tensor | N
 
 
 @torch.no_grad()
-def gather(state: list[Tensor], retrieved: Retrieved) -> tuple[Tensor, Tensor]:
+def gather(state: list[Tensor], retrieved: Retrieved, workspace: Workspace | None = None) -> tuple[Tensor, Tensor]:
     """The retrieved keys and values, each [B, H, L, k, D] in the store's dtype, without gradient (copies: writing
-    the store afterwards leaves them as they are)."""
+    the store afterwards leaves them as they are). ``workspace``: written into its buffers, valid until the next
+    gather with it (for evaluation; a training step keeps them for its backward pass, so it passes none)."""
     keys, values = state[KEYS], state[VALUES]
     B, H, N, D = keys.shape
     index = retrieved.index
     rows = (torch.arange(B * H, device=index.device).view(B, H, 1, 1) * N + index).flatten()
     shape = (*index.shape, D)
-    return (keys.reshape(B * H * N, D).index_select(0, rows).view(shape),
-            values.reshape(B * H * N, D).index_select(0, rows).view(shape))
+    out = [None, None] if workspace is None else \
+        [workspace.get(name, (rows.numel(), D), keys.dtype, keys.device) for name in ("keys", "values")]
+    return (torch.index_select(keys.reshape(B * H * N, D), 0, rows, out=out[0]).view(shape),
+            torch.index_select(values.reshape(B * H * N, D), 0, rows, out=out[1]).view(shape))
