@@ -206,9 +206,10 @@ def test_the_layers_the_store_and_its_bytes():
     state = memory.init(2, torch.device("cpu"), torch.float64)
     assert len(state) == 2 + 2 * 3 and state[2].shape == (2, 2, 5, 8) and state[4].dtype == torch.int64
     # Per row: the cache's 2 × 3 vectors, the stores' 2 layers × keys and values × 2 heads × 5 × 8 values (in
-    # vectors of 16, rounded up), the scores of a segment of 4 (2 heads × 4 × 5).
+    # vectors of 16, rounded up); with a segment of 4, its scores (2 heads × 4 × 5) and each layer's retrieved keys
+    # and values (2 layers × 2 × 2 heads × 4 positions × top-k 3 × 8).
     assert memory.vectors(3) == 6 + 2 * 2 * 2 * 5 * 8 // 16
-    assert memory.vectors(3, 4) == 6 + math.ceil((2 * 2 * 2 * 5 * 8 + 2 * 4 * 5) / 16)
+    assert memory.vectors(3, 4) == 6 + math.ceil((2 * 2 * 2 * 5 * 8 + 2 * 4 * 5 + 2 * 2 * 2 * 4 * 3 * 8) / 16)
     assert memory.keys(3) == 3
 
 
@@ -246,9 +247,10 @@ def test_a_run_trains_evaluates_and_is_sized_with_its_stores(tmp_path, corpus):
     assert count.dtype == torch.int64 and int(count.min()) > 0 and not keys.requires_grad
     model = run.module.model.config
     footprint, _ = run_estimate(cfg)
-    # The cache, the store (keys and values of 64 entries per head) and the exact search's scores, per row.
-    per_row = model.n_layer * 16 + math.ceil((2 * model.n_head * 64 * model.d_head + model.n_head * 16 * 64)
-                                             / model.d_model)
+    # The cache, the store (keys and values of 64 entries per head), the exact search's scores and the retrieved keys
+    # and values (top-k 4) of a segment of 16, per row.
+    per_row = model.n_layer * 16 + math.ceil((2 * model.n_head * 64 * model.d_head + model.n_head * 16 * 64
+                                              + 2 * model.n_head * 16 * 4 * model.d_head) / model.d_model)
     assert footprint.train_memory == per_row * model.d_model * 4 * 4  # × batch 4 × float32
 
 

@@ -173,15 +173,19 @@ class KnnMemory(Memory):
 
     # ---- sizes -----------------------------------------------------------------------------------------------------
     def store_values(self, seg_len: int | None = None) -> int:
-        """Values one row holds in its stores, all retrieval layers together (keys and values), and the exact
-        search's scores of one segment (``seg_len`` positions; None: not counted)."""
-        cfg, N = self.config, self.settings.knn_size
-        scores = 0 if seg_len is None or self.settings.knn_search != "exact" else cfg.n_head * seg_len * N
-        return len(self.layers) * 2 * cfg.n_head * N * cfg.d_head + scores
+        """Values one row holds in its stores, all retrieval layers together (keys and values), and with a segment of
+        ``seg_len`` positions (None: not counted) the exact search's scores of that segment and the retrieved keys
+        and values of each retrieval layer (a training step keeps every layer's for its backward pass)."""
+        cfg, N, r = self.config, self.settings.knn_size, len(self.layers)
+        stores = r * 2 * cfg.n_head * N * cfg.d_head
+        if seg_len is None:
+            return stores
+        scores = cfg.n_head * seg_len * N if self.settings.knn_search == "exact" else 0
+        return stores + scores + r * 2 * cfg.n_head * seg_len * self.settings.knn_top_k * cfg.d_head
 
     def vectors(self, mem_len: int, seg_len: int | None = None) -> int:
-        """The cache's vectors, and the stores' values (and the exact search's scores) counted in vectors of
-        ``d_model`` values, rounded up; the counts (8 bytes per row and layer) are not counted."""
+        """The cache's vectors, and the stores' values (and a segment's scores and retrieved entries) counted in
+        vectors of ``d_model`` values, rounded up; the counts (8 bytes per row and layer) are not counted."""
         return self.config.n_layer * mem_len + math.ceil(self.store_values(seg_len) / self.config.d_model)
 
     def keys(self, mem_len: int, seg_len: int | None = None) -> int:
