@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from xl.memory.knn.store import KEYS, VALUES, fill
+from xl.memory.knn.store import KEYS, VALUES, fill, flat_rows
 
 SEARCHES = ("exact", "faiss")
 
@@ -83,9 +83,6 @@ class Workspace:
                 self.buffers[name] = buf = torch.empty(need, dtype=dtype, device=device)
         return buf[:need].view(shape)
 
-    def scores(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-        return self.get("scores", shape, dtype, device)
-
 
 def _topk(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k largest scores of each row of ``scores`` [R, N] and their columns, largest first (ties in any order).
@@ -130,7 +127,7 @@ def exact_topk(queries: Tensor, state: list[Tensor], k: int, visible: Tensor | N
     if best:
         shape = (B, H, L, N)
         out = torch.empty(shape, dtype=keys.dtype, device=keys.device) if workspace is None else \
-            workspace.scores(shape, keys.dtype, keys.device)
+            workspace.get("scores", shape, keys.dtype, keys.device)
         scores = torch.matmul(queries.to(keys.dtype), keys[:, :, :N].transpose(-1, -2), out=out)
         fills = fill(state)
         # Slots past a row's fill hold nothing (or a forgotten document): hidden. On the CPU, reading whether any
@@ -187,7 +184,7 @@ def gather(state: list[Tensor], retrieved: Retrieved, workspace: Workspace | Non
     keys, values = state[KEYS], state[VALUES]
     B, H, N, D = keys.shape
     index = retrieved.index
-    rows = (torch.arange(B * H, device=index.device).view(B, H, 1, 1) * N + index).flatten()
+    rows = flat_rows(B, H, N, index)
     shape = (*index.shape, D)
     out = [None, None] if workspace is None else \
         [workspace.get(name, (rows.numel(), D), keys.dtype, keys.device) for name in ("keys", "values")]

@@ -84,7 +84,7 @@ def write(state: list[Tensor], keys: Tensor, values: Tensor, doc_start: Tensor |
             # Whole rows of D values into the flat [B·H·N, D] views: what torch's CPU kernels write fastest, in
             # every dtype (scatter_ into a bfloat16 store costs more than the segment's search; python -m
             # xl.memory.knn.bench --only segment --dtype bfloat16 times the write).
-            rows = ((torch.arange(B * H, device=count.device).view(B, H, 1) * N) + (slots % N)[:, None]).flatten()
+            rows = flat_rows(B, H, N, (slots % N)[:, None])
             store_k.view(B * H * N, D).index_copy_(0, rows, new_k.reshape(-1, D))
             store_v.view(B * H * N, D).index_copy_(0, rows, new_v.reshape(-1, D))
         else:
@@ -93,6 +93,13 @@ def write(state: list[Tensor], keys: Tensor, values: Tensor, doc_start: Tensor |
             store_v.scatter_(2, index, new_v)
         state[COUNT] = count + n - skip
     return state
+
+
+def flat_rows(B: int, H: int, N: int, slots: Tensor) -> Tensor:
+    """The rows of a store's flat ``[B·H·N, D]`` view that hold ``slots`` [B, H or 1, ...] of each row and head,
+    flattened (slots given once per row stand for every head)."""
+    heads = torch.arange(B * H, device=slots.device).view(B, H, *[1] * (slots.dim() - 2))
+    return (heads * N + slots).flatten()
 
 
 def reset_rows(state: list[Tensor], rows: Tensor) -> list[Tensor]:
