@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import lightning as L
@@ -36,3 +37,24 @@ class RankProbe(L.Callback):
         if not trainer.sanity_checking:
             self._write(trainer, {"event": "val", "step": trainer.global_step,
                                   "loss": float(trainer.callback_metrics["val/loss"])})
+
+
+class SignalRank(L.Callback):
+    """Sends ``signum`` to the process of rank ``rank`` alone, in the middle of training step ``at_step`` (its
+    backward), or at the first batch of the validation after that step (``in_validation``)."""
+
+    def __init__(self, rank: int, signum: int, at_step: int, in_validation: bool = False) -> None:
+        self.rank, self.signum, self.at_step, self.in_validation = rank, signum, at_step, in_validation
+
+    def send(self, trainer: L.Trainer, step: int) -> None:
+        if trainer.global_rank == self.rank and step == self.at_step:
+            self.at_step = None
+            os.kill(os.getpid(), self.signum)
+
+    def on_before_backward(self, trainer, module, loss):
+        if not self.in_validation:
+            self.send(trainer, trainer.global_step + 1)
+
+    def on_validation_batch_start(self, trainer, module, *args):
+        if self.in_validation and not trainer.sanity_checking:
+            self.send(trainer, trainer.global_step)

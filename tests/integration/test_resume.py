@@ -217,6 +217,29 @@ def test_signal_checkpoints_and_resume_is_exact(tmp_path, corpus, signum):
     assert all(second_losses[s] == whole_losses[s] for s in second_losses)
 
 
+def test_signal_in_a_step_that_a_validation_follows_lets_the_validation_run(tmp_path, corpus):
+    """A signal during step 6, where a validation falls due, stops the fit after that validation (it is not lost),
+    with last.ckpt at step 6 holding what the validation recorded; the resume is exact and does not validate step 6
+    again."""
+    whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole"))
+    run = build_run(resume_cfg(tmp_path, corpus, "first", "callbacks.model_checkpoint.every_n_train_steps=null"))
+    validations = ValidationRecorder()
+    run.trainer.callbacks += [SendSignal(signal.SIGTERM, at_step=6), validations]
+    with pytest.raises(SIGTERMException, match="^stopped by SIGTERM after step 6 and its validation; checkpoint "):
+        run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert run.trainer.global_step == 6 and validations.steps == [3, 6]
+    folder = tmp_path / "first" / "run" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step0000006.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 6
+
+    second = build_run(resume_cfg(tmp_path, corpus, "second", f"ckpt_path={folder / 'last.ckpt'}"))
+    losses, resumed_validations = LossRecorder(), ValidationRecorder()
+    second.trainer.callbacks += [losses, resumed_validations]
+    second.trainer.fit(second.module, datamodule=second.datamodule, ckpt_path=second.ckpt_path, weights_only=True)
+    assert resumed_validations.steps == [9, 12], "the validation of step 6 is not run twice"
+    assert_resumed_as_unbroken(whole, whole_losses, second, losses.losses, stop=6)
+
+
 def test_resuming_a_checkpoint_onto_another_corpus_is_refused(tmp_path, corpus):
     fit(resume_cfg(tmp_path, corpus, "first", "trainer.max_steps=3",
                    "callbacks.model_checkpoint.every_n_train_steps=3"))

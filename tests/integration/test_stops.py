@@ -21,6 +21,7 @@ from tests.helpers.paths import ROOT
 from xl import train
 from xl.training.build import build_run
 from xl.training.checkpoint import CheckpointError
+from xl.training.stops import stopping
 
 
 class SignalAt(L.Callback):
@@ -57,9 +58,16 @@ def stop_cfg(tmp_path: Path, corpus, *extra: str, stage: str | None = None):
     return compose_config(*tiny_overrides(tmp_path, corpus), "trainer.num_sanity_val_steps=2", *signal_at, *extra)
 
 
-def stopped(cfg) -> str:
+def stopped(cfg, counter: ValidationBatches | None = None) -> str:
+    """The sentence the training command ends with (``counter``: counts the validations' batches of the fit)."""
     with pytest.raises(SystemExit) as info:
-        train.fit_and_test(cfg)
+        if counter is None:
+            train.fit_and_test(cfg)
+        else:
+            run = build_run(cfg)
+            run.trainer.callbacks.append(counter)
+            with stopping(run.trainer, run.trainer.default_root_dir):
+                run.trainer.fit(run.module, datamodule=run.datamodule)
     return str(info.value.code)
 
 
@@ -71,20 +79,46 @@ def test_sigterm_during_the_sanity_check_stops_before_training_and_says_so(tmp_p
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
 
 
-def test_sigterm_during_a_validation_keeps_the_step_it_follows(tmp_path, corpus):
-    """A signal in the validation of step 10 writes last.ckpt at step 10; the resume trains on from there and its
-    next validation scores every batch (the interrupted one is not run again: docs/runs.md)."""
+def test_sigterm_during_a_validation_lets_it_finish_and_stops_after_it(tmp_path, corpus):
+    """A signal in the first batch of the validation of step 10 lets that validation score every batch and write its
+    checkpoints, then stops with last.ckpt at step 10; the resume trains on and validates at 20 and 30 (the
+    validation of step 10 is not lost: it ran before the stop, and is not run twice)."""
     run = tmp_path / "run"
-    message = stopped(stop_cfg(tmp_path, corpus, stage="validation"))
-    assert message == (f"error: stopped by SIGTERM during the validation after step 10, checkpoint "
-                       f"{run}/checkpoints/last.ckpt; resume with: python train.py ckpt_path={run}")
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
+    first = ValidationBatches()
+    message = stopped(stop_cfg(tmp_path, corpus, stage="validation"), first)
+    assert message == (f"error: stopped by SIGTERM after step 10 and its validation, checkpoint "
+                                    f"{run}/checkpoints/last.ckpt; resume with: python train.py ckpt_path={run}")
+    assert first.batches == {10: 4}, "the validation under way ran in full"
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 10
+    model_checkpoint = next(v for k, v in saved["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    assert model_checkpoint["best_model_score"] is not None, "last.ckpt records the validation's score"
     counter = ValidationBatches()
     cfg = stop_cfg(tmp_path, corpus, f"ckpt_path={run}", "trainer.max_steps=30", "test=false")
     resumed = build_run(cfg)
     resumed.trainer.callbacks.append(counter)
     resumed.trainer.fit(resumed.module, datamodule=resumed.datamodule, ckpt_path=resumed.ckpt_path, weights_only=True)
     assert resumed.trainer.global_step == 30 and counter.batches == {20: 4, 30: 4}
+
+
+class SignalTwice(SignalAt):
+    """Sends the signal at the first and at the second batch of the first validation of the fit."""
+
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, *args):
+        if not trainer.sanity_checking and trainer.global_step == 10 and batch_idx < 2:
+            os.kill(os.getpid(), self.signum)
+
+
+def test_a_second_signal_cuts_the_validation_short_and_keeps_its_step(tmp_path, corpus):
+    run = tmp_path / "run"
+    counter = ValidationBatches()
+    cfg = stop_cfg(tmp_path, corpus, f"+callbacks.signal._target_={__name__}.SignalTwice",
+                   "+callbacks.signal.stage=validation")
+    message = stopped(cfg, counter)
+    assert message == (f"error: stopped by SIGTERM during the validation after step 10, checkpoint "
+                                    f"{run}/checkpoints/last.ckpt; resume with: python train.py ckpt_path={run}")
+    assert counter.batches == {10: 2}, "Lightning ends the validation after the batch the second signal came in"
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
 
 
 def test_sigterm_during_the_test_leaves_a_run_that_the_same_command_finishes(tmp_path, corpus):

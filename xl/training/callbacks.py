@@ -1,15 +1,13 @@
 """Lightning callbacks of the callbacks group: stopping cleanly when asked, and the job's summary for sweeps.
 
-A stop by a signal goes through Lightning's own SIGTERM handling: Lightning installs a SIGTERM handler for every
-``fit``, ``validate`` and ``test`` (and removes it after), which raises the flag ``trainer.received_sigterm``, tells
-the processes of a DDP launcher, and ends evaluation loops after their current batch. :class:`PreemptionCheckpoint`
-routes SIGUSR1 (SLURM's warning before preemption) and SIGINT (Ctrl+C) into that same handler, and decides where a
-fit stops: at the end of the training step under way, where the memory, the data position and the weights agree. It
-writes ``last.ckpt`` there, lets Lightning log the step, and ends the fit before any validation or other checkpoint,
-so a cluster's grace period is spent on nothing else. A signal during the sanity check ends the fit before the first
-step; one during a validation writes ``last.ckpt`` at the step the validation follows; one during a test ends the
-test. The fit or test raises Lightning's ``SIGTERMException``, which train.py turns into one sentence and a non-zero
-exit. A second Ctrl+C interrupts at once.
+A stop by a signal stops at a step boundary, where the memory, the data position and the weights agree, and loses
+no validation: :class:`PreemptionCheckpoint` hears SIGTERM, SIGUSR1 (SLURM's warning before preemption) and SIGINT
+(Ctrl+C) ahead of Lightning's own SIGTERM handler. In a fit the first signal lets the step under way finish, writes
+``last.ckpt`` at its end, lets the validation due at that step (if any) run in full and write its checkpoints, and
+ends the fit before the next step; several processes agree on the step. A second signal, and a signal in the sanity
+check or a test, goes to Lightning's handler, which ends the loop under way after its current batch (and tells the
+processes of a DDP launcher). The fit or test raises Lightning's ``SIGTERMException``, which train.py turns into one
+sentence and a non-zero exit. A second Ctrl+C interrupts at once.
 
 Lightning's own SLURM handler (SIGUSR1 with ``auto_requeue``) is not used: it saves ``hpc_ckpt_N.ckpt`` at whatever
 point of a step the signal arrives, where the memory and the weights need not agree.
@@ -42,14 +40,22 @@ FORWARDED = tuple(s for s in (signal.SIGINT, getattr(signal, "SIGUSR1", None)) i
 
 
 class PreemptionCheckpoint(Checkpoint):
-    """On SIGTERM/SIGUSR1/SIGINT: finish the step, save ``last.ckpt``, stop (see the module's notes).
+    """On SIGTERM/SIGUSR1/SIGINT: finish the step (and its validation, when one is due), save ``last.ckpt``, stop.
 
     A Lightning ``Checkpoint`` callback, so Lightning runs it after the other callbacks of each hook: the checkpoint
-    it writes at a step holds their state at the end of that step (the job summary's counts included).
+    it writes at a step holds their state at the end of that step (the job summary's counts included), and the one
+    it writes after a validation holds ``ModelCheckpoint``'s record of that validation.
+
+    During a fit's training and validations the first signal is only noted: the step under way finishes, ``last.ckpt``
+    is written at its end, and the fit stops before the next step, after the validation that falls due at that step
+    (if one does) has run in full and written its checkpoints, so that no validation is lost to a stop. Under several
+    processes a signal seen by any rank stops every rank at the same step. A second signal, and a signal during the
+    sanity check or a test, goes to Lightning's own handler, which ends the loop under way after its current batch.
 
     After a stop, :attr:`signal_name` names the signal, :attr:`saved_path` the checkpoint it wrote (None when
-    nothing was trained since the fit started) and :attr:`stage` where the signal arrived: ``"training"``,
-    ``"sanity check"``, ``"validation"`` or ``"test"``.
+    nothing was trained since the fit started) and :attr:`stage` where the run stopped: ``"training"`` (at a step
+    boundary), ``"validation"`` (after the step's validation ran in full), ``"interrupted validation"`` (a second
+    signal cut a validation short), ``"sanity check"`` or ``"test"``.
     """
 
     def __init__(self, dirpath: str | Path) -> None:
@@ -58,17 +64,23 @@ class PreemptionCheckpoint(Checkpoint):
         self.saved_path: Path | None = None
         self.stage: str | None = None
         self.lightning_handler: Any = None
+        self.noted = False  # a first signal in a fit's training or validation, not yet acted on
+        self.stopping = False  # every rank agreed to stop; last.ckpt is written
+        self.in_fit = False  # between the sanity check and the end of training: a first signal is noted, not passed on
 
     # ---- hearing the signals ------------------------------------------------------------------------------------
     def heard(self, signum: int, frame: Any) -> None:
         self.signal_name = self.signal_name or signal.Signals(signum).name
         if signum == signal.SIGINT:  # a second Ctrl+C falls through to Python's KeyboardInterrupt
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self.in_fit and not self.noted:
+            self.noted = True
+            return
         if callable(self.lightning_handler):
             self.lightning_handler(signum, frame)
 
     def listen(self) -> None:
-        """Hear all three signals through Lightning's SIGTERM handler of this fit, validate or test (installed before
+        """Hear all three signals ahead of Lightning's SIGTERM handler of this fit, validate or test (installed before
         its first hook; Lightning puts back the handlers of before when it ends, also on an exception)."""
         if signal.getsignal(signal.SIGTERM) == self.heard:  # (a bound method: equal, not identical)
             return
@@ -76,51 +88,75 @@ class PreemptionCheckpoint(Checkpoint):
         for signum in (signal.SIGTERM, *FORWARDED):
             signal.signal(signum, self.heard)
 
+    def agreed(self, trainer: L.Trainer) -> bool:
+        """Whether any rank noted a signal (every rank calls this at the same hook)."""
+        if trainer.world_size > 1:
+            return trainer.strategy.reduce_boolean_decision(self.noted, all=False)
+        return self.noted
+
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.signal_name = self.saved_path = self.stage = None
+        self.noted = self.stopping = self.in_fit = False
         self.listen()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.received_sigterm:  # during the sanity check: nothing was trained, nothing is saved
             self.stop(trainer, "sanity check")
         self.signal_name = self.saved_path = self.stage = None
+        self.noted = self.stopping = False
+        self.in_fit = True
         self.listen()
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.state.fn == TrainerFn.FITTING and self.saved_path is not None:
-            self.stop(trainer, "training")  # the step is logged, its validation is not run
+        if self.stopping and not validation_due(trainer):  # run only because the fit was asked to stop
+            self.stop(trainer, "training")
         self.listen()
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.signal_name = self.stage = None
+        self.in_fit = False
         self.listen()
 
     # ---- stopping -----------------------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        stop = trainer.received_sigterm
-        if trainer.world_size > 1:  # a signal seen by any rank stops all ranks at the same step
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if not stop or self.saved_path is not None:
+        if self.stopping or not self.agreed(trainer):
             return
+        self.stopping = True
         self.save(trainer)
-        trainer.should_stop = True  # Lightning logs the step; the next hook of this callback ends the fit
+        trainer.should_stop = True  # Lightning logs the step and starts a validation, due or not: see on_validation_start
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return
+        if self.stopping or self.agreed(trainer):  # the validation has run in full: keep what it recorded too
+            self.stopping = True
+            self.save(trainer)
+            self.stop(trainer, "validation")
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.saved_path is not None:  # no validation ran after the step: the epoch loop ended on should_stop
+        if self.stopping:  # a fit without validations
+            self.stop(trainer, "training")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.in_fit = False
+        if self.stopping:  # the signal came in the last step: the run stops before its test
             self.stop(trainer, "training")
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        """Lightning ended a loop on the signal: inside a validation of the fit, save the step it follows."""
+        """Lightning ended a loop on a signal (a second one in a fit, or one in the sanity check or a test)."""
+        self.in_fit = False
         if not isinstance(exception, SIGTERMException) or self.stage is not None:
             return
         if trainer.sanity_checking:
             self.stage = "sanity check"
-        elif trainer.state.fn == TrainerFn.FITTING and trainer.validating and self.saved_path is None \
-                and trainer.world_size == 1:
-            self.stage = "validation"
-            self.save(trainer)
+        elif trainer.state.fn == TrainerFn.FITTING and trainer.validating:
+            self.stage = "interrupted validation"
+            if self.saved_path is None and trainer.world_size == 1:  # keep the step the validation follows
+                self.save(trainer)
+        elif trainer.state.fn == TrainerFn.FITTING:
+            self.stage = "training"
         else:
-            self.stage = "training" if trainer.state.fn == TrainerFn.FITTING else "test"
+            self.stage = "test"
 
     def save(self, trainer: L.Trainer) -> None:
         self.saved_path = self.dirpath / "last.ckpt"
@@ -131,8 +167,24 @@ class PreemptionCheckpoint(Checkpoint):
 
     def stop(self, trainer: L.Trainer, stage: str) -> None:
         self.stage = stage
-        saved = f" after step {trainer.global_step}; checkpoint {self.saved_path}" if self.saved_path else ""
-        raise SIGTERMException(f"stopped by {self.signal_name or 'SIGTERM'} during the {stage}{saved}")
+        self.in_fit = False
+        after = "step {} and its validation" if stage == "validation" else "step {}"
+        saved = f" after {after.format(trainer.global_step)}; checkpoint {self.saved_path}" if self.saved_path else ""
+        during = "" if stage == "validation" else f" during the {stage}"
+        raise SIGTERMException(f"stopped by {self.signal_name or 'SIGTERM'}{during}{saved}")
+
+
+def validation_due(trainer: L.Trainer) -> bool:
+    """Whether the fit's schedule validates after the step just trained (Lightning's rule for validations by
+    ``val_check_interval`` and ``check_val_every_n_epoch``, without the one that validates a fit asked to stop)."""
+    loop = trainer.fit_loop.epoch_loop
+    every = trainer.check_val_every_n_epoch
+    if not trainer.enable_validation or (every is not None and (trainer.current_epoch + 1) % every):
+        return False
+    if trainer.val_check_batch == float("inf"):  # an iterable of unknown length: at its end
+        return loop.batch_progress.is_last_batch
+    done = (loop.total_batch_idx if every is None else loop.batch_idx) + 1
+    return done % trainer.val_check_batch == 0
 
 
 class JobSummary(L.Callback):

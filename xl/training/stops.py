@@ -51,7 +51,7 @@ def resume_command(run_dir: str | Path) -> str:
 
 def signal_sentence(callback: PreemptionCheckpoint | None, run_dir: Path) -> str:
     """What a stop by a signal says: where it came (:class:`PreemptionCheckpoint`'s record), what is saved."""
-    name = callback.signal_name if callback is not None and callback.signal_name else "SIGTERM"
+    name = "SIGTERM" if callback is None else callback.signal_name or "a signal to another process"
     stage = callback.stage if callback is not None else None
     checkpoint = newest_complete(run_dir)
     resume = f"resume with: {resume_command(run_dir)}"
@@ -66,8 +66,10 @@ def signal_sentence(callback: PreemptionCheckpoint | None, run_dir: Path) -> str
         return f"stopped by {name} during the sanity check, before the first training step; the run is as it was " \
                f"(step {checkpoint.global_step}): {resume}"
     if callback is not None and callback.saved_path is not None and checkpoint is not None:
-        during = " during the validation" if stage == "validation" else ""
-        return f"stopped by {name}{during} after step {checkpoint.global_step}, checkpoint {checkpoint.path}; {resume}"
+        step = f"step {checkpoint.global_step}"
+        where = {"validation": f" after {step} and its validation",
+                 "interrupted validation": f" during the validation after {step}"}
+        return f"stopped by {name}{where.get(stage, f' after {step}')}, checkpoint {checkpoint.path}; {resume}"
     if checkpoint is not None:  # no step checkpoint of the stop (no PreemptionCheckpoint callback, or several ranks)
         return f"stopped by {name}; {kept(run_dir)}; {resume}"
     return f"stopped by {name} before the first complete checkpoint was written: run the command again"
@@ -109,8 +111,11 @@ def finish_wandb(trainer: L.Trainer, preempted: bool) -> None:
 
 
 def end(trainer: L.Trainer, sentence: str, preempted: bool = False) -> None:
+    """End the command with exit status 1 and ``sentence``, said once: by rank 0 of several processes."""
     close_progress_bars(trainer)
     finish_wandb(trainer, preempted)
+    if not trainer.is_global_zero:
+        raise SystemExit(1)
     to_log_files(f"error: {sentence}")
     raise SystemExit(f"error: {sentence}")
 
