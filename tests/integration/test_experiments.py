@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from tests.conftest import CONF_DIR, compose_config
@@ -82,3 +84,34 @@ def test_enwik8_compressive_is_enwik8_large_with_the_papers_memories():
     compressor = config.n_layer * (config.memory.cmem_rate * config.d_model**2 + config.d_model)
     assert count_parameters(config) == main + compressor == main + 75_522_048
 
+
+
+@pytest.mark.parametrize(("memory", "target", "mem_len"), [
+    (None, "xl.memory.cache.CacheConfig", 192),
+    ("none", "xl.memory.cache.CacheConfig", 0),
+    ("tokens", "xl.memory.tokens.TokensConfig", 128),
+])
+def test_a_memory_chosen_beside_the_babilong_experiment_replaces_its_memory_whole(memory, target, mem_len):
+    """experiment=babilong memory=none trained with the experiment's 192 positions of memory: the experiment's
+    memory is a memory option now, which a memory on the command line replaces, in whichever order they come."""
+    from xl.config.compose import compose
+
+    chosen = [f"memory={memory}"] if memory else []
+    for overrides in (["experiment=babilong", *chosen], [*chosen, "experiment=babilong"]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing of the memory is kept over the choice
+            cfg = compose("config", overrides)
+        assert (cfg.memory._target_, cfg.memory.mem_len) == (target, mem_len)
+
+
+def test_an_experiment_that_sets_memory_values_says_which_it_keeps_over_a_chosen_memory():
+    from xl.config.compose import compose
+
+    with pytest.warns(UserWarning, match=r"^experiment=enwik8_base sets memory.doc_boundaries=ignore, "
+                                         r"memory.mem_len=512, memory.eval_mem_len=2100, .* over memory=none's own "
+                                         r"values; set them on the command line to change them$"):
+        cfg = compose("config", ["experiment=enwik8_base", "memory=none"])
+    assert cfg.memory.mem_len == 512
+    with pytest.warns(UserWarning) as record:
+        compose("config", ["experiment=enwik8_base", "memory=none", "memory.mem_len=0"])
+    assert "memory.mem_len" not in str(record[0].message), "a value set on the command line is not named"

@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -54,6 +55,7 @@ def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> Di
     except (CompactHydraException, OmegaConfBaseException) as err:
         raise ConfigError(describe_error(err)) from None
     type_memory(cfg)
+    warn_memory_under_experiment(overrides)
     return cfg
 
 
@@ -66,6 +68,30 @@ def type_memory(cfg: DictConfig) -> None:
                 cfg.memory = settings.typed(cfg.memory)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+
+
+def warn_memory_under_experiment(overrides: list[str] | tuple[str, ...]) -> None:
+    """Say which memory settings an experiment keeps over a memory chosen beside it (``experiment=X memory=Y``): the
+    experiment's values are merged after the memory option, so they win unless the command line sets them too."""
+    chosen = {o.key_or_group.lstrip("+"): o.value() for o in OverridesParser.create().parse_overrides(list(overrides))}
+    experiment, memory = chosen.get("experiment"), chosen.get("memory")
+    path = CONF_DIR / "experiment" / f"{experiment}.yaml"
+    if not isinstance(experiment, str) or not isinstance(memory, str) or not path.is_file():
+        return
+    option = CONF_DIR / "memory" / f"{memory}.yaml"
+    own = OmegaConf.load(option) if option.is_file() else OmegaConf.create()
+    with open_dict(own):
+        own.pop("defaults", None)
+    try:
+        own = settings.typed(own)
+    except ValueError:
+        return
+    values = OmegaConf.load(path).get("memory") or {}
+    kept = [f"memory.{k}={v}" for k, v in values.items()
+            if f"memory.{k}" not in chosen and (k not in own or own[k] != v)]
+    if kept:
+        warnings.warn(f"experiment={experiment} sets {', '.join(kept)} over memory={memory}'s own values; set them "
+                      "on the command line to change them", UserWarning, stacklevel=2)
 
 
 def command_line_keys() -> set[str] | None:
@@ -113,6 +139,7 @@ def entry_point(config_name: str) -> Callable[[Callable[[DictConfig], T]], Calla
         def job(cfg: DictConfig) -> T:
             with exit_on_user_error():
                 type_memory(cfg)
+                warn_memory_under_experiment(HydraConfig.get().overrides.task)
                 check_complete(cfg)
                 try:
                     return task(cfg)

@@ -71,6 +71,7 @@ MEMORY = {  # mem_len, eval_mem_len, clamp_len, eval_clamp_len, same_length, eva
     "compressive": (64, None, -1, None, False, None),
     "tokens": (128, None, -1, None, False, None),  # 4 memory tokens on top of memory=default's cache
     "knn": (128, None, -1, None, False, None),  # a retrieval store on top of memory=default's cache
+    "babilong": (192, None, -1, None, False, None),  # experiment=babilong's cache
 }
 
 
