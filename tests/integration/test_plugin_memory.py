@@ -25,7 +25,7 @@ def test_a_memory_from_outside_the_package_trains_resumes_decodes_and_is_sized(t
     cfg = compose_config(*overrides(tmp_path, corpus, "first", "trainer.max_steps=3", "test=false",
                                     "trainer.val_check_interval=3", "callbacks.model_checkpoint.every_n_train_steps=3"))
     run = build_run(cfg)
-    assert isinstance(run.module.model.memory, MaxPoolMemory) and run.module.model.memory.name == "maxpool"
+    assert isinstance(run.module.model.memory, MaxPoolMemory) and run.module.model.memory.settings.name == "maxpool"
     run.trainer.fit(run.module, datamodule=run.datamodule)
     assert math.isfinite(float(run.trainer.callback_metrics["train/loss"]))
     folder = tmp_path / "first" / "run"

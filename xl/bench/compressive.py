@@ -42,9 +42,9 @@ def memories(mem_len: int, rate: int) -> dict[str, dict[str, Any]]:
 
 def filled_decoder(model: TransformerXL, batch: int) -> IncrementalDecoder:
     """A decoder after a random prompt long enough to fill the memory and the compressed memory."""
-    cfg, memory = model.config, model.memory
+    cfg = model.config
     decoder = model.decoder(batch)
-    prompt = cfg.mem_len + memory.rate * memory.slot_len
+    prompt = cfg.mem_len + decoder.rate * decoder.slot_len
     decoder.prefill(torch.randint(0, cfg.vocab_size, (batch, prompt)), seg_len=cfg.mem_len)
     return decoder
 

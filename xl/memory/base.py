@@ -17,6 +17,11 @@ keys and values are carried from one segment to the next instead of being projec
 Variants that add positions of their own to the segment (memory tokens that a segment reads at its start and writes
 at its end) say so in :meth:`Memory.segment_inputs`, and take the outputs back out in :meth:`Memory.segment_outputs`.
 
+The interface, in one place (:class:`Memory`): weights (``build``); the state (``init``, ``adopt``, ``context``,
+``size``); one segment (``segment_positions``, ``segment_inputs``, ``segment_outputs``, ``mask``, ``update``, which
+receives a :class:`Segment` record of what the segment did and may ask the model's layers through :class:`Layers`);
+decoding (``decoder``, and ``slots`` for the default decoder).
+
 The rule by which states leave a memory, :func:`xl.memory.eviction.leaving`, is shared by
 the forward pass and the one-token decoder (:mod:`xl.model.decoding`), so that both keep the same memory whatever the
 segment lengths.
@@ -24,8 +29,8 @@ segment lengths.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -77,24 +82,77 @@ class Update:
     loss: Tensor | None = None
 
 
+class Layers(Protocol):
+    """What a memory may ask of the model's layers, by layer index, with the weights as they are: no module is handed
+    over (the model passes this view to :meth:`Memory.update`; :class:`xl.model.transformer.LayerView`)."""
+
+    def project(self, layer: int, states: Tensor) -> tuple[Tensor, Tensor]:
+        """Layer ``layer``'s keys and values [B, H, T, D] of memory states [B, T, d]."""
+        ...
+
+    def content_attention(self, layer: int, x: Tensor, states: Tensor) -> Tensor:
+        """Layer ``layer``'s content attention (no position term) of queries from ``x`` [B, L, d] over ``states``
+        [B, T, d], its weights held fixed (detached): the heads' outputs [B, H, L, D]."""
+        ...
+
+
+@dataclass
+class Segment:
+    """What one segment did, handed to :meth:`Memory.update`: each layer's inputs over the segment's positions
+    (``layer_inputs``, with those :meth:`Memory.segment_inputs` added) and the last layer's ``outputs``; ``kv``: each
+    layer's keys/values [B, H, M+L', D] over memory ∘ segment, as its attention computed them (in the graph);
+    ``documents``: where the segment's documents begin (None: one text per row); ``layers``: the model's layers, to
+    ask (:class:`Layers`).
+
+    What is asked of the new state: ``mem_len`` positions of memory; ``attached``: keep it in the graph (gradients
+    reach this segment from the next; asked only of a memory whose config's ``check_window`` allows windows of two
+    segments); ``dtype``: its storage dtype; ``keep_kv``: return its keys/values (:attr:`Update.kv`) when they can be
+    taken from ``kv``."""
+
+    layer_inputs: list[Tensor]
+    outputs: Tensor
+    kv: KV
+    layers: Layers
+    mem_len: int
+    dtype: torch.dtype
+    attached: bool = False
+    keep_kv: bool = False
+    documents: Documents | None = None
+
+    def but(self, **changes: Any) -> Segment:
+        """This record with ``changes`` (a variant handing part of a segment to the memory beneath it)."""
+        return replace(self, **changes)
+
+
+@dataclass
+class Size:
+    """A full memory's size per row: ``vectors`` of d_model values, all layers together (the footprint), and the
+    ``keys`` a layer attends over before a segment (what evaluation's cached keys and values hold per layer)."""
+
+    vectors: int
+    keys: int
+
+
+@dataclass
+class Slots:
+    """For the one-token decoder (:mod:`xl.model.decoding`): states that leave its window make slots of ``rate``
+    states each, of which the newest ``kept`` stay before the window, made by ``make(layer, groups [B, G, rate, d])
+    -> [B, G, d]`` with the weights as they are now."""
+
+    rate: int
+    kept: int
+    make: Callable[[int, Tensor], Tensor]
+
+
 class Memory:
     """One memory variant. Subclasses define the state's layout and the update rule; the defaults serve memories that
     attend over their state as it is and add no positions to the segment."""
-
-    #: Decoder geometry (:mod:`xl.model.decoding`): states that leave the window make ``rate`` to 1 slots, of which
-    #: the newest ``slot_len`` are kept before the window (0: states that leave are dropped).
-    rate = 1
-    slot_len = 0
 
     def __init__(self, config: XLConfig) -> None:
         self.config = config
         self.settings: MemoryConfig = config.memory  # the variant's own settings, and its rules (check_context, ...)
 
-    @property
-    def name(self) -> str:
-        return self.settings.name
-
-    # ---- parameters and checks -----------------------------------------------------------------------------------
+    # ---- parameters ------------------------------------------------------------------------------------------------
     def build(self) -> dict[str, nn.Module]:
         """Modules with the variant's own weights, registered on the model under these names after all its other
         modules (so that a seed gives the same main weights with any memory). Called once, by the model."""
@@ -106,8 +164,7 @@ class Memory:
         raise NotImplementedError
 
     def adopt(self, state: list[Tensor], batch: int, mem_len: int) -> list[Tensor]:
-        """The state checked against a batch of ``batch`` rows (a state of another layout that the variant can read,
-        such as one from an older checkpoint, is converted); raises ValueError with what to do otherwise."""
+        """The state checked against a batch of ``batch`` rows; raises ValueError with what to do otherwise."""
         d = self.config.d_model
         for t in state:
             if t.dim() != 3 or t.size(0) != batch or t.size(2) != d:
@@ -116,24 +173,20 @@ class Memory:
         return state
 
     def context(self, state: list[Tensor]) -> Context:
+        """What each layer attends over before the segment, from the state."""
         raise NotImplementedError
 
-    def vectors(self, mem_len: int, seg_len: int | None = None) -> int:
-        """Vectors of d_model values the state holds per row, all layers together, once full (the footprint), for
-        segments of ``seg_len`` (None: segments whose length the memory's rate divides)."""
+    def size(self, mem_len: int, seg_len: int | None = None) -> Size:
+        """A full memory's size per row (the footprint), for segments of ``seg_len`` (None: segments whose length the
+        memory's rate divides)."""
         raise NotImplementedError
 
+    # ---- one segment -----------------------------------------------------------------------------------------------
     def segment_positions(self, seg_len: int) -> int:
         """Positions the layers run over for a segment of ``seg_len`` tokens (with those :meth:`segment_inputs`
         adds)."""
         return seg_len
 
-    def keys(self, mem_len: int, seg_len: int | None = None) -> int:
-        """Keys a layer attends over before a segment once the memory is full: what evaluation's cached keys and
-        values hold per layer (by default the state's vectors of one layer)."""
-        return self.vectors(mem_len, seg_len) // self.config.n_layer
-
-    # ---- one segment -----------------------------------------------------------------------------------------------
     def segment_inputs(self, state: list[Tensor], h: Tensor, documents: Documents | None = None) -> Tensor:
         """The first layer's input [B, L', d] from the embedded segment [B, L, d]: the variant's own positions added
         (``documents``: where the rows' documents begin, for a variant whose added positions restart with them)."""
@@ -150,41 +203,21 @@ class Memory:
             return document_mask(mask, documents.pos, context.length, context.slots, context.rate)
         return mask
 
-    def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
-               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
-               documents: Documents | None = None) -> Update:
-        """The state after a segment, from each layer's inputs over the segment's positions ``layer_inputs`` and the
-        last layer's ``outputs``; ``attached``: keep it in the graph (gradients reach this segment from the next; the
-        model asks it only of a memory whose config's ``check_window`` allows windows of two segments);
-        ``dtype``: the storage dtype. ``kv``: each layer's keys/values [B, H, M+L', D] over memory ∘ segment, as its
-        attention computed them (in the graph); ``keep_kv``: return the new state's keys/values (:attr:`Update.kv`)
-        when they can be taken from ``kv``. ``documents``: where the segment's documents begin (None: one text per
-        row)."""
+    def update(self, state: list[Tensor], segment: Segment) -> Update:
+        """The state after a segment, from what the segment did (:class:`Segment`)."""
         raise NotImplementedError
 
-    # ---- evaluation and decoding -----------------------------------------------------------------------------------
+    # ---- decoding --------------------------------------------------------------------------------------------------
     def decoder(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> Any:
         """The one-token decoder of a model with this memory (:meth:`xl.model.transformer.TransformerXL.decoder`): by
-        default :class:`xl.model.decoding.IncrementalDecoder`, which serves every memory whose state is slots before a
-        window of states (:attr:`rate`, :attr:`slot_len`, :meth:`slot_maker`); a variant that rewrites its memory
-        otherwise returns its own, with the same ``prefill`` / ``feed`` / ``reset_rows``."""
+        default :class:`xl.model.decoding.IncrementalDecoder`, which serves every memory whose state is (optional)
+        slots before a window of states (:meth:`slots`), each layer's states the last of its context's pieces; a
+        variant that rewrites its memory otherwise returns its own, with the same ``prefill`` / ``feed`` /
+        ``reset_rows``."""
         from xl.model.decoding import IncrementalDecoder  # generation only
 
         return IncrementalDecoder(model, batch_size, window, clamp_len, same_length)
 
-    def project_kv(self, context: Context, layers: nn.ModuleList) -> KV:
-        """Keys and values [B, H, M, D] of each layer's memory pieces, projected."""
-        out = []
-        for layer, pieces in zip(layers, context.pieces, strict=True):
-            projected = [layer.attn.project_memory(p) for p in pieces]
-            out.append((torch.cat([k for k, _ in projected], 2), torch.cat([v for _, v in projected], 2)))
-        return out
-
-    def slot_maker(self) -> Callable[[int, Tensor], Tensor] | None:
-        """For the decoder: a function (layer, groups [B, G, rate, d]) → slots [B, G, d] with the weights as they are
-        now (None: this memory keeps no slots)."""
+    def slots(self) -> Slots | None:
+        """For the default decoder: how states that leave its window become slots (None: they are dropped)."""
         return None
-
-    def states(self, context: Context, layer: int) -> Tensor:
-        """A layer's single states (the memory after its slots), [B, S, d]: what the decoder may compress later."""
-        return context.pieces[layer][-1]

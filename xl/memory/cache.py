@@ -16,15 +16,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from xl.memory.base import KV, Context, Memory, Update
+from xl.memory.base import Context, Memory, Segment, Size, Update
 from xl.memory.eviction import leaving
 from xl.memory.settings import MemoryConfig
 
 if TYPE_CHECKING:
     from xl.model.config import XLConfig
-    from xl.model.documents import Documents
 
 
 def update_memory(
@@ -84,14 +83,13 @@ class CacheMemory(Memory):
     def context(self, state: list[Tensor]) -> Context:
         return Context([[m] for m in state], state[0].size(1))
 
-    def vectors(self, mem_len: int, seg_len: int | None = None) -> int:
-        return self.config.n_layer * mem_len
+    def size(self, mem_len: int, seg_len: int | None = None) -> Size:
+        return Size(vectors=self.config.n_layer * mem_len, keys=mem_len)
 
-    def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
-               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
-               documents: Documents | None = None) -> Update:
-        new = (update_memory_attached if attached else update_memory)(state, layer_inputs, mem_len, dtype)
-        if not keep_kv:
+    def update(self, state: list[Tensor], segment: Segment) -> Update:
+        rule = update_memory_attached if segment.attached else update_memory
+        new = rule(state, segment.layer_inputs, segment.mem_len, segment.dtype)
+        if not segment.keep_kv:
             return Update(new)
-        gone = leaving(state[0].size(1) + layer_inputs[0].size(1), mem_len)  # the keys kept: the last ones
-        return Update(new, [(k[:, :, gone:], v[:, :, gone:]) for k, v in kv])
+        gone = leaving(state[0].size(1) + segment.layer_inputs[0].size(1), segment.mem_len)  # the keys kept: the last
+        return Update(new, [(k[:, :, gone:], v[:, :, gone:]) for k, v in segment.kv])

@@ -16,7 +16,6 @@ State: per layer the compressed slots [B, C, d] (C ≤ cmem_len), then per layer
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,14 +23,13 @@ import torch
 from torch import Tensor, nn
 
 from xl.config.bounds import at_least, one_of, setting
-from xl.memory.base import KV, Context, Memory, Update
+from xl.memory.base import Context, Memory, Segment, Size, Slots, Update
 from xl.memory.compressor import COMPRESSION_FNS, Compressor, reconstruction_loss
 from xl.memory.eviction import leaving
 from xl.memory.settings import MemoryConfig
 
 if TYPE_CHECKING:
     from xl.model.config import XLConfig
-    from xl.model.documents import Documents
 
 
 @dataclass
@@ -110,21 +108,20 @@ class CompressiveMemory(Memory):
         return Context([[c, m] for c, m in zip(state[:n], state[n:], strict=True)], slots + state[n].size(1), slots,
                        self.rate)
 
-    def vectors(self, mem_len: int, seg_len: int | None = None) -> int:
+    def size(self, mem_len: int, seg_len: int | None = None) -> Size:
         """Slots and states of every layer once both are full: states leave in whole groups, so after segments whose
         length the rate divides the memory holds ``mem_len`` rounded up to a multiple of the rate (a segment of
         another length may leave up to ``rate - 1`` more waiting)."""
         rate = self.rate
         waiting = -mem_len % rate if seg_len is None or seg_len % rate == 0 else rate - 1
-        return self.config.n_layer * (self.slot_len + mem_len + waiting)
+        per_layer = self.slot_len + mem_len + waiting
+        return Size(vectors=self.config.n_layer * per_layer, keys=per_layer)
 
-    def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
-               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
-               documents: Documents | None = None) -> Update:
-        n = self.config.n_layer
+    def update(self, state: list[Tensor], segment: Segment) -> Update:
+        n, dtype, layer_inputs = self.config.n_layer, segment.dtype, segment.layer_inputs
         old_slots, old_states = state[:n], state[n:]
         C, S, L = old_slots[0].size(1), old_states[0].size(1), layer_inputs[0].size(1)
-        gone = leaving(S + L, mem_len, self.rate)
+        gone = leaving(S + L, segment.mem_len, self.rate)
         with torch.no_grad():
             evicted = [torch.cat([m[:, :gone].to(h.dtype), h[:, :max(0, gone - S)]], 1)
                        for m, h in zip(old_states, layer_inputs, strict=True)]
@@ -135,27 +132,22 @@ class CompressiveMemory(Memory):
             made = [compressor(i, e) for i, e in enumerate(evicted)]
         loss = None
         if made[0].requires_grad and gone:
-            loss = reconstruction_loss(layers, layer_inputs, evicted, made)
+            loss = reconstruction_loss(segment.layers, layer_inputs, evicted, made)
         new = min(gone // self.rate, self.slot_len)  # new slots kept
         kept = min(C, self.slot_len - new)  # old slots kept
         with torch.no_grad():
             slots = [torch.cat([c[:, C - kept:].to(dtype), s[:, s.size(1) - new:].to(dtype)], 1)
                      for c, s in zip(old_slots, made, strict=True)]
         kept_kv = None
-        if keep_kv:  # kept slots' and states' keys sliced from the layer's, the new slots' projected
-            kept_kv = [self._kv(layer.attn, k, v, s[:, s.size(1) - new:], C, kept, C + gone)
-                       for layer, (k, v), s in zip(layers, kv, slots, strict=True)]
+        if segment.keep_kv:  # kept slots' and states' keys sliced from the layer's, the new slots' projected
+            kept_kv = []
+            for layer, ((k, v), s) in enumerate(zip(segment.kv, slots, strict=True)):
+                k_new, v_new = segment.layers.project(layer, s[:, s.size(1) - new:])
+                kept_kv.append((torch.cat([k[:, :, C - kept:C], k_new, k[:, :, C + gone:]], dim=2),
+                                torch.cat([v[:, :, C - kept:C], v_new, v[:, :, C + gone:]], dim=2)))
         return Update(slots + states, kept_kv, loss)
 
-    @staticmethod
-    def _kv(attn: nn.Module, k: Tensor, v: Tensor, new_slots: Tensor, C: int, kept: int, first_state: int
-            ) -> tuple[Tensor, Tensor]:
-        """Keys/values of the new ``slots ∘ states`` from a layer's over ``old slots ∘ old states ∘ segment``."""
-        k_new, v_new = attn.project_memory(new_slots)
-        return (torch.cat([k[:, :, C - kept:C], k_new, k[:, :, first_state:]], dim=2),
-                torch.cat([v[:, :, C - kept:C], v_new, v[:, :, first_state:]], dim=2))
-
-    def slot_maker(self) -> Callable[[int, Tensor], Tensor] | None:
+    def slots(self) -> Slots:
         compressor = self.compressor
         with torch.no_grad():
             matrices = [compressor.matrix(n) if compressor.learned else None for n in range(self.config.n_layer)]
@@ -165,4 +157,4 @@ class CompressiveMemory(Memory):
             B, G, rate, d = groups.shape
             return compressor(layer, groups.reshape(B, G * rate, d), matrices[layer])
 
-        return make
+        return Slots(self.rate, self.slot_len, make)

@@ -21,9 +21,14 @@ whole groups); given a last group shorter than ``rate`` it pads it by repeating 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from xl.memory.base import Layers
 
 COMPRESSION_FNS = ("mean", "conv")
 
@@ -70,28 +75,15 @@ class Compressor(nn.Module):
         return F.linear(groups.flatten(2), matrix.to(states.dtype), self.bias[layer].to(states.dtype))
 
 
-def content_attention(attn: nn.Module, x: Tensor, mem: Tensor) -> Tensor:
-    """Heads' outputs [B, H, L, D] of the content attention (no position term) of queries from ``x`` [B, L, d]
-    over keys/values from ``mem`` [B, T, d], with the layer's projections held fixed (detached)."""
-    B, L, _ = x.shape
-    H, D = attn.n_head, attn.d_head
-    if attn.pre_lnorm:
-        ln = attn.layer_norm
-        x, mem = (F.layer_norm(t, ln.normalized_shape, ln.weight.detach(), ln.bias.detach(), ln.eps) for t in (x, mem))
-    q = F.linear(x, attn.q_net.weight.detach()).view(B, L, H, D) + attn.r_w_bias.detach()
-    k, v = F.linear(mem, attn.kv_net.weight.detach()).view(B, mem.size(1), 2, H, D).permute(2, 0, 3, 1, 4)
-    return F.scaled_dot_product_attention(q.transpose(1, 2), k, v, scale=attn.scale)
-
-
-def reconstruction_loss(layers: nn.ModuleList, layer_inputs: list[Tensor], evicted: list[Tensor],
+def reconstruction_loss(layers: Layers, layer_inputs: list[Tensor], evicted: list[Tensor],
                         compressed: list[Tensor]) -> Tensor:
     """The attention-reconstruction loss of Rae et al. (2019): per layer, the mean squared difference between the
     content attention of the segment's queries over the evicted states and over their compression, summed over
     layers. Queries, evicted states and the attention's weights are detached, so only the compressor learns."""
     total = layer_inputs[0].new_zeros(())
-    for layer, h, old, new in zip(layers, layer_inputs, evicted, compressed, strict=True):
+    for n, (h, old, new) in enumerate(zip(layer_inputs, evicted, compressed, strict=True)):
         h = h.detach()
         with torch.no_grad():
-            target = content_attention(layer.attn, h, old.to(h.dtype))
-        total = total + (content_attention(layer.attn, h, new.to(h.dtype)) - target).pow(2).mean()
+            target = layers.content_attention(n, h, old.to(h.dtype))
+        total = total + (layers.content_attention(n, h, new.to(h.dtype)) - target).pow(2).mean()
     return total

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from xl.config.bounds import at_least, setting
-from xl.memory.base import KV, Context, Memory, Update
+from xl.memory.base import Context, Memory, Segment, Size, Update
 from xl.memory.cache import CacheMemory
 from xl.memory.eviction import leaving
 from xl.memory.settings import MemoryConfig
@@ -139,14 +139,13 @@ class TokenMemory(Memory):
     def context(self, state: list[Tensor]) -> Context:
         return self.cache.context(state[:-1])
 
-    def vectors(self, mem_len: int, seg_len: int | None = None) -> int:
-        return self.config.n_layer * mem_len + self.n  # the cache, and the memory once (not per layer)
+    def size(self, mem_len: int, seg_len: int | None = None) -> Size:
+        """The cache, and the memory once (not per layer); evaluation carries the cache's keys/values only, the
+        tokens are run anew each segment."""
+        return Size(vectors=self.config.n_layer * mem_len + self.n, keys=mem_len)
 
     def segment_positions(self, seg_len: int) -> int:
         return seg_len + 2 * self.n
-
-    def keys(self, mem_len: int, seg_len: int | None = None) -> int:
-        return mem_len  # evaluation carries the cache's keys/values only; the tokens are run anew each segment
 
     # ---- one segment -----------------------------------------------------------------------------------------------
     def segment_inputs(self, state: list[Tensor], h: Tensor, documents: Documents | None = None) -> Tensor:
@@ -182,18 +181,17 @@ class TokenMemory(Memory):
         return torch.cat([torch.arange(-m_len, 0, device=device), torch.zeros(n, dtype=torch.long, device=device),
                           torch.arange(L, device=device), torch.full((n,), L - 1, device=device)])
 
-    def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
-               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
-               documents: Documents | None = None) -> Update:
-        n = self.n
+    def update(self, state: list[Tensor], segment: Segment) -> Update:
+        n, outputs = self.n, segment.outputs
         L = outputs.size(1) - 2 * n
-        text = [x[:, n:n + L] for x in layer_inputs]
-        cache = self.cache.update(state[:-1], text, outputs, mem_len=mem_len, attached=attached, dtype=dtype,
-                                  layers=layers, kv=kv, keep_kv=False).state
-        memory = outputs[:, n + L:].to(dtype, copy=True)  # a fresh tensor: callers may clean it in place
-        if not attached:
+        text = [x[:, n:n + L] for x in segment.layer_inputs]
+        cache = self.cache.update(state[:-1], segment.but(layer_inputs=text, keep_kv=False)).state
+        memory = outputs[:, n + L:].to(segment.dtype, copy=True)  # a fresh tensor: callers may clean it in place
+        if not segment.attached:
             memory = memory.detach()
-        kept = [self.kept_kv(k, v, state[0].size(1), L, mem_len) for k, v in kv] if keep_kv else None
+        kept = None
+        if segment.keep_kv:
+            kept = [self.kept_kv(k, v, state[0].size(1), L, segment.mem_len) for k, v in segment.kv]
         return Update(cache + [memory], kept)
 
     def kept_kv(self, k: Tensor, v: Tensor, m_len: int, L: int, mem_len: int) -> tuple[Tensor, Tensor]:

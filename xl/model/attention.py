@@ -241,6 +241,20 @@ class RelMultiHeadAttention(nn.Module):
         """The query projection's weight stacked on the key/value projection's: [3·H·D, d], a copy."""
         return torch.cat([self.q_net.weight, self.kv_net.weight]).detach()
 
+    def content_attention(self, x: Tensor, mem: Tensor) -> Tensor:
+        """Heads' outputs [B, H, L, D] of the content attention (no position term) of queries from ``x`` [B, L, d]
+        over keys/values from ``mem`` [B, T, d], with the layer's projections held fixed (detached): what a memory
+        that summarises states asks of the layer (the compressive memory's reconstruction loss)."""
+        B, L, _ = x.shape
+        H, D = self.n_head, self.d_head
+        if self.pre_lnorm:
+            ln = self.layer_norm
+            x, mem = (F.layer_norm(t, ln.normalized_shape, ln.weight.detach(), ln.bias.detach(), ln.eps)
+                      for t in (x, mem))
+        q = F.linear(x, self.q_net.weight.detach()).view(B, L, H, D) + self.r_w_bias.detach()
+        k, v = F.linear(mem, self.kv_net.weight.detach()).view(B, mem.size(1), 2, H, D).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k, v, scale=self.scale)
+
     def project_memory(self, mem: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values [B, H, M, D] of cached layer inputs (layer norm is per position, so norming the
         memory apart from the segment equals norming their concatenation)."""

@@ -70,7 +70,9 @@ class IncrementalDecoder:
         self.clamp_len, self.same_length = clamp_len, same_length
         # Cached positions a new token attends to: same_length counts the token itself among the window.
         self.visible = window - 1 if same_length else window
-        self.rate, self.slot_len = memory.rate, memory.slot_len
+        slots = memory.slots()  # states leaving the window make slots (the compressive memory), or are dropped
+        self.rate, self.slot_len = (slots.rate, slots.kept) if slots else (1, 0)
+        self.make_slots = slots.make if slots else None
         # The most keys a token sees before itself: the slots, the window, and states waiting for their group.
         self.reach = self.slot_len + self.visible + self.rate - 1
         pos_emb = relative_embeddings(self.reach + 1, clamp_len, cfg.d_model, model.device).to(model.dtype)
@@ -79,7 +81,6 @@ class IncrementalDecoder:
             # m .. 0). Multiplied by the attention scale once here, so that no step scales its position scores.
             self.r = [layer.attn.project_positions(pos_emb) * layer.attn.scale for layer in model.layers]
             self.qkv_weight = [layer.attn.qkv_weight() for layer in model.layers]
-        self.make_slots = memory.slot_maker()
         # Keys/values live in buffers twice as long as the keys a token sees: a token's key is written in place
         # after the visible ones, and only when a buffer is full are those moved back to the front (once every
         # `window` tokens or more). Layout: buf[lo:start] slots (oldest first), buf[start:end] the memory's states.
@@ -126,11 +127,10 @@ class IncrementalDecoder:
             k_buf[:, :, :k.size(2)] = k
             v_buf[:, :, :v.size(2)] = v
         self.prefilled(mems)
-        memory = self.model.memory
-        context = memory.context(mems)
+        context = self.model.memory.context(mems)
         self.lo, self.start, self.end = 0, context.slots, context.length
-        for n, h_buf in enumerate(self.h_buf):
-            h_buf[:, self.start:self.end] = memory.states(context, n)
+        for n, h_buf in enumerate(self.h_buf):  # a layer's single states are the last of its pieces
+            h_buf[:, self.start:self.end] = context.pieces[n][-1]
         # The window may keep fewer states than the forward's memory (same_length counts the token itself).
         self._leave(leaving(self.end - self.start, self.visible, self.rate))
         if pos is None:  # one text per row: nothing before it to hide

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xl.config.rules import check_context
+from xl.memory.base import Segment
 from xl.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.model.attention import RelMultiHeadAttention
 from xl.model.config import XLConfig
@@ -28,6 +29,7 @@ from xl.model.layers import XLLayer
 from xl.model.positions import attention_mask, sinusoid
 
 if TYPE_CHECKING:
+    from xl.memory.base import Context
     from xl.model.decoding import IncrementalDecoder
 
 CONTEXT_CACHE_SIZE = 16  # position tables and masks kept per model, least recently used dropped first
@@ -41,6 +43,27 @@ class XLOutput:
     loss: Tensor | None = None  # token mean over targets != ignore_index; 0 (no gradient) where there is none
     kv: list[tuple[Tensor, Tensor]] | None = None  # with cache_kv: the new memory's keys/values per layer
     recon_loss: Tensor | None = None  # the memory's own training loss (the compressive memory's reconstruction loss)
+
+
+class LayerView:
+    """What a memory may ask of the model's layers (:class:`xl.memory.base.Layers`), without being handed them."""
+
+    def __init__(self, layers: nn.ModuleList) -> None:
+        self._layers = layers
+
+    def project(self, layer: int, states: Tensor) -> tuple[Tensor, Tensor]:
+        return self._layers[layer].attn.project_memory(states)
+
+    def content_attention(self, layer: int, x: Tensor, states: Tensor) -> Tensor:
+        return self._layers[layer].attn.content_attention(x, states)
+
+    def project_context(self, context: Context) -> list[tuple[Tensor, Tensor]]:
+        """Keys and values [B, H, M, D] of each layer's memory pieces (oldest first), projected."""
+        out = []
+        for n, pieces in enumerate(context.pieces):
+            projected = [self.project(n, p) for p in pieces]
+            out.append((torch.cat([k for k, _ in projected], 2), torch.cat([v for _, v in projected], 2)))
+        return out
 
 
 class TransformerXL(nn.Module):
@@ -193,8 +216,9 @@ class TransformerXL(nn.Module):
         if cache_kv and torch.is_grad_enabled():
             raise ValueError("cache_kv is for evaluation (under torch.no_grad()): the cached keys and values "
                              "would be stale after the next optimizer step")
+        layers = LayerView(self.layers)
         if cache_kv and kv is None and M:
-            kv = memory.project_kv(context, self.layers)
+            kv = layers.project_context(context)
         if kv is not None and (len(kv) != cfg.n_layer or any(k.size(2) != M for k, _ in kv)):
             raise ValueError(f"kv must be the {cfg.n_layer} (keys, values) pairs returned with this memory "
                              f"(each over {M} positions)")
@@ -222,11 +246,11 @@ class TransformerXL(nn.Module):
             layer_inputs.append(h)
             h, keys = layer(h, pieces, pos_emb, mask, mem_kv, ext)
             layer_kv.append(keys)
-        update = memory.update(state, layer_inputs, h, mem_len=mem_len, attached=not detach_memory, dtype=mem_dtype,
-                               layers=self.layers, kv=layer_kv, keep_kv=slice_kv, documents=documents)
+        update = memory.update(state, Segment(layer_inputs, h, layer_kv, layers, mem_len, mem_dtype,
+                                              attached=not detach_memory, keep_kv=slice_kv, documents=documents))
         new_kv = update.kv
         if cache_kv and new_kv is None:
-            new_kv = memory.project_kv(memory.context(update.state), self.layers)
+            new_kv = layers.project_context(memory.context(update.state))
         states = self.drop(self.final_norm(memory.segment_outputs(h)))
         if cfg.cutoffs:
             # Adaptive softmax: the loss never materialises [B, L, vocab]; the logits only when asked for.

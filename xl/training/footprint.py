@@ -108,9 +108,8 @@ class RunFootprint:
 
 def memory_bytes(config: XLConfig, mem_len: int, batch_size: int, dtype: torch.dtype, seg_len: int | None = None
                  ) -> int:
-    """Bytes of a full memory of ``config``'s variant (:meth:`xl.memory.base.Memory.vectors`) for ``batch_size`` rows.
-    """
-    vectors = config.memory.memory(config).vectors(mem_len, seg_len)
+    """Bytes of a full memory of ``config``'s variant (:meth:`xl.memory.base.Memory.size`) for ``batch_size`` rows."""
+    vectors = config.memory.memory(config).size(mem_len, seg_len).vectors
     return vectors * config.d_model * batch_size * torch.empty((), dtype=dtype).element_size()
 
 
@@ -120,7 +119,7 @@ def activation_elements(config: XLConfig, batch: int, tgt_len: int, mem_len: int
     memory = config.memory.memory(config)
     # Positions a layer runs over (the segment and any the memory adds to it), and the keys each of them sees.
     B, L, H, D, d = batch, memory.segment_positions(tgt_len), config.n_head, config.d_head, config.d_model
-    M = memory.keys(mem_len, tgt_len)
+    M = memory.size(mem_len, tgt_len).keys
     K = M + L
     scores = B * H * L * K
     # The memory's states, kept as the input of their key/value projection (normed too with pre-LN).
@@ -150,7 +149,7 @@ def run_footprint(config: XLConfig, *, batch_size: int, tgt_len: int, eval_batch
     c = config
     train = memory_bytes(c, c.mem_len, batch_size, mem_dtype, tgt_len)
     eval_states = memory_bytes(c, eval_mem_len, eval_batch_size, mem_dtype, tgt_len)
-    eval_keys = c.memory.memory(c).keys(eval_mem_len, tgt_len)
+    eval_keys = c.memory.memory(c).size(eval_mem_len, tgt_len).keys
     eval_kv = 2 * eval_keys * c.n_head * c.d_head * c.n_layer * eval_batch_size * act_bytes
     return RunFootprint(
         train_memory=train,

@@ -8,10 +8,11 @@ import torch
 from tests.helpers.memories import xl_config
 from tests.helpers.reference import reference_attention
 from tests.unit.model.test_model import TINY, make_model, run_segments
+from xl.memory.base import Segment
 from xl.memory.compressive import CompressiveConfig, CompressiveMemory
 from xl.memory.compressor import Compressor, reconstruction_loss
 from xl.memory.store import MemoryStore, nbytes
-from xl.model.transformer import TransformerXL
+from xl.model.transformer import LayerView, TransformerXL
 from xl.training.footprint import cache_footprint
 
 
@@ -327,8 +328,7 @@ def compressive_memory(mem_len: int, cmem_len: int, rate: int, d: int = 4) -> Co
 
 
 def update(memory: CompressiveMemory, state: list, h: torch.Tensor, mem_len: int) -> list:
-    return memory.update(state, [h], h, mem_len=mem_len, attached=False, dtype=h.dtype, layers=None, kv=[],
-                         keep_kv=False).state
+    return memory.update(state, Segment([h], h, kv=[], layers=None, mem_len=mem_len, dtype=h.dtype)).state
 
 
 def test_compressed_memory_holds_the_evicted_states_compression_in_order():
@@ -414,11 +414,11 @@ def test_reconstruction_loss_is_the_papers_attention_difference(pre_lnorm):
     compressed = [model.compressor(i, e) for i, e in enumerate(evicted)]
     expected = sum((content_attention_by_hand(layer.attn, h, c) - content_attention_by_hand(layer.attn, h, e))
                    .pow(2).mean() for layer, h, e, c in zip(model.layers, inputs, evicted, compressed, strict=True))
-    torch.testing.assert_close(reconstruction_loss(model.layers, inputs, evicted, compressed), expected)
+    torch.testing.assert_close(reconstruction_loss(LayerView(model.layers), inputs, evicted, compressed), expected)
     # A compression that loses nothing (rate 1, identity) reconstructs the attention exactly.
     exact = make_model(mem_len=4, cmem_len=4, cmem_rate=1, cmem_fn="conv", pre_lnorm=pre_lnorm)
     same = [exact.compressor(i, e) for i, e in enumerate(evicted)]
-    assert reconstruction_loss(exact.layers, inputs, evicted, same) < 1e-28
+    assert reconstruction_loss(LayerView(exact.layers), inputs, evicted, same) < 1e-28
 
 
 def test_mean_pooling_has_no_reconstruction_loss():

@@ -208,9 +208,9 @@ def test_the_layers_the_store_and_its_bytes():
     # Per row: the cache's 2 × 3 vectors, the stores' 2 layers × keys and values × 2 heads × 5 × 8 values (in
     # vectors of 16, rounded up); with a segment of 4, its scores (2 heads × 4 × 5) and each layer's retrieved keys
     # and values (2 layers × 2 × 2 heads × 4 positions × top-k 3 × 8).
-    assert memory.vectors(3) == 6 + 2 * 2 * 2 * 5 * 8 // 16
-    assert memory.vectors(3, 4) == 6 + math.ceil((2 * 2 * 2 * 5 * 8 + 2 * 4 * 5 + 2 * 2 * 2 * 4 * 3 * 8) / 16)
-    assert memory.keys(3) == 3
+    assert memory.size(3).vectors == 6 + 2 * 2 * 2 * 5 * 8 // 16
+    assert memory.size(3, 4).vectors == 6 + math.ceil((2 * 2 * 2 * 5 * 8 + 2 * 4 * 5 + 2 * 2 * 2 * 4 * 3 * 8) / 16)
+    assert memory.size(3).keys == 3
 
 
 def test_one_sentence_refusals():

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from xl.config.bounds import Bound, at_least, is_int, one_of, setting
-from xl.memory.base import KV, Context, Memory, Update
+from xl.memory.base import Context, Memory, Segment, Size, Update
 from xl.memory.cache import CacheMemory
 from xl.memory.eviction import leaving
 from xl.memory.knn import store
@@ -183,27 +183,23 @@ class KnnMemory(Memory):
         scores = cfg.n_head * seg_len * N if self.settings.knn_search == "exact" else 0
         return stores + scores + r * 2 * cfg.n_head * seg_len * self.settings.knn_top_k * cfg.d_head
 
-    def vectors(self, mem_len: int, seg_len: int | None = None) -> int:
+    def size(self, mem_len: int, seg_len: int | None = None) -> Size:
         """The cache's vectors, and the stores' values (and a segment's scores and retrieved entries) counted in
-        vectors of ``d_model`` values, rounded up; the counts (8 bytes per row and layer) are not counted."""
-        return self.config.n_layer * mem_len + math.ceil(self.store_values(seg_len) / self.config.d_model)
-
-    def keys(self, mem_len: int, seg_len: int | None = None) -> int:
-        return mem_len  # evaluation carries the cache's keys/values; the store is searched, never cached
+        vectors of ``d_model`` values, rounded up; the counts (8 bytes per row and layer) are not counted.
+        Evaluation carries the cache's keys/values; the store is searched, never cached."""
+        stores = math.ceil(self.store_values(seg_len) / self.config.d_model)
+        return Size(vectors=self.config.n_layer * mem_len + stores, keys=mem_len)
 
     # ---- one segment -----------------------------------------------------------------------------------------------
-    def update(self, state: list[Tensor], layer_inputs: list[Tensor], outputs: Tensor, *, mem_len: int,
-               attached: bool, dtype: torch.dtype, layers: nn.ModuleList, kv: KV, keep_kv: bool,
-               documents: Documents | None = None) -> Update:
-        n = self.config.n_layer
+    def update(self, state: list[Tensor], segment: Segment) -> Update:
+        n, documents = self.config.n_layer, segment.documents
         held = state[0].size(1)
-        cache = self.cache.update(state[:n], layer_inputs, outputs, mem_len=mem_len, attached=False, dtype=dtype,
-                                  layers=layers, kv=kv, keep_kv=keep_kv)
-        gone = leaving(held + layer_inputs[0].size(1), mem_len)
+        cache = self.cache.update(state[:n], segment.but(attached=False))
+        gone = leaving(held + segment.layer_inputs[0].size(1), segment.mem_len)
         doc_start = store.doc_start_of_leaving(None if documents is None else documents.pos, held)
         stores = []
         for layer, entries in zip(self.layers, self.stores(state), strict=True):
-            k, v = kv[layer]
+            k, v = segment.kv[layer]
             stores += store.write(entries, k[:, :, :gone], v[:, :, :gone], doc_start)
         return Update(cache.state + stores, cache.kv)
 
