@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union, get_args, get_origin
 
@@ -96,13 +95,6 @@ def optional(bound: Bound) -> Bound:
     return NULL | bound
 
 
-def choices_of(bound: Bound | None) -> Sequence[Any] | None:
-    """The choices of a :func:`one_of` bound (for the reference's table), else None."""
-    if bound is None or not bound.says.startswith("one of "):
-        return None
-    return bound.says.removeprefix("one of ").split(", ")
-
-
 # ---- a type in words -------------------------------------------------------------------------------------------
 TYPE_WORDS = {int: ("an integer", "integers"), float: ("a number", "numbers"), bool: ("true or false", "booleans"),
               str: ("a string", "strings")}
@@ -137,8 +129,3 @@ def shown(value: Any) -> Any:
     """A config value as the user wrote it (a list node as a list)."""
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
-
-def short_type(hint: Any) -> str:
-    """``int | None`` -> "int | null": the type column of the reference."""
-    text = re.sub(r"\btyping\.", "", str(hint) if not isinstance(hint, type) else hint.__name__)
-    return text.replace("NoneType", "null").replace("Any", "any").replace("Optional", "")

@@ -99,8 +99,13 @@ def command_line_keys() -> set[str] | None:
     ``data.tgt_len``, ``data=text`` gives ``data``); None outside a Hydra job (a config composed in Python)."""
     if not HydraConfig.initialized():
         return None
-    overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
+    overrides = OverridesParser.create().parse_overrides(command_line())
     return {o.key_or_group for o in overrides}
+
+
+def command_line() -> list[str]:
+    """The running Hydra job's command-line overrides, as written (an interpolation in one is not resolved)."""
+    return OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)
 
 
 # ---- entry points -----------------------------------------------------------------------------------------
@@ -139,7 +144,7 @@ def entry_point(config_name: str) -> Callable[[Callable[[DictConfig], T]], Calla
         def job(cfg: DictConfig) -> T:
             with exit_on_user_error():
                 type_memory(cfg)
-                warn_memory_under_experiment(HydraConfig.get().overrides.task)
+                warn_memory_under_experiment(command_line())
                 check_complete(cfg)
                 try:
                     return task(cfg)

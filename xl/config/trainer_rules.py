@@ -12,7 +12,6 @@ import difflib
 import inspect
 from typing import Any
 
-from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 
@@ -31,6 +30,8 @@ def check_arguments(node: Any, key: str) -> None:
     """Refuse keys that ``node``'s ``_target_`` does not take (e.g. a misspelt ``+trainer.X``), naming them."""
     if not OmegaConf.is_dict(node) or "_target_" not in node:
         return
+    from hydra.utils import get_object  # (Hydra is not imported with the rules, which the model uses too)
+
     target_path = node["_target_"]
     try:
         target = get_object(target_path)

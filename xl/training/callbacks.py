@@ -123,7 +123,8 @@ class PreemptionCheckpoint(Checkpoint):
             return
         self.stopping = True
         self.save(trainer)
-        trainer.should_stop = True  # Lightning logs the step and starts a validation, due or not: see on_validation_start
+        # Lightning logs the step, then starts a validation, due or not (on_validation_start tells them apart).
+        trainer.should_stop = True
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
