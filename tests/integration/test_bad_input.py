@@ -27,11 +27,10 @@ import xl.footprint
 import xl.training.build
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
 from tests.helpers.paths import ROOT
-from xl.config.bounds import describe_type
+from xl.config.bounds import describe_type, schema_bounds
 from xl.config.compose import compose as compose_or_explain
 from xl.config.compose import entry_point
 from xl.config.compose_errors import describe_error
-from xl.config.rules import schema_bounds
 from xl.data import DataError
 from xl.training.build import ConfigError, build_run, check_fits
 from xl.training.checkpoint import CheckpointError

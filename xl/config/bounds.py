@@ -129,3 +129,17 @@ def shown(value: Any) -> Any:
     """A config value as the user wrote it (a list node as a list)."""
     return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
+
+def schema_bounds(node: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(full key, value, bound) of every leaf under ``node`` whose schema field declares a bound."""
+    found = []
+    if not OmegaConf.is_dict(node):
+        return found
+    schema = OmegaConf.get_type(node)
+    declared = {f.name: bound_of(f) for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
+    for name, child in node.items_ex(resolve=False):  # a leaf is read (resolved) only if it has a bound
+        if OmegaConf.is_dict(child):
+            found += schema_bounds(child, f"{prefix}{name}.")
+        elif declared.get(name) is not None:
+            found.append((f"{prefix}{name}", node[name], declared[name]))
+    return found

@@ -3,15 +3,20 @@
 :func:`check_config` checks a composed config once, before any work: the bounds the schemas declare beside each field
 (:mod:`xl.config.schema`, :mod:`xl.config.bounds`), keys added with ``+``, the rules between settings (the model's
 shape, the memory's variants, the compression rate, windows of ``grad_segments``) and those of the trainer, its
-callbacks and loggers (:mod:`xl.config.trainer_rules`: ``_target_`` arguments, the strategy, the monitored metric).
+callbacks and loggers (:func:`check_trainer`: the arguments each ``_target_`` takes, a misspelt ``+trainer.X`` among
+them; the strategy's name, which Lightning would refuse only when the trainer is built, over several sentences; the
+metric a callback monitors, which Lightning would refuse at the first validation, as a traceback; the compile
+backend).
 :func:`check_device` and :func:`check_fits` add what the machine allows. The model's own checks (:func:`check_model`,
-:func:`check_context`, :func:`check_compressive`) serve :class:`xl.model.config.XLConfig` and the evaluation overrides
+:func:`check_context`, :func:`check_adaptive`) serve :class:`xl.model.config.XLConfig` and the evaluation overrides
 of a checkpoint as well, so a Python user gets the same sentences.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
@@ -19,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.config.bounds import bound_of, is_int, shown
-from xl.config.trainer_rules import check_trainer
+from xl.config.bounds import is_int, schema_bounds, shown
 from xl.memory import settings
 from xl.memory.settings import MEM_DTYPE_NAMES, MemoryConfig
 from xl.training import cpu
@@ -118,22 +122,79 @@ def check_grad_segments(grad_segments: Any) -> None:
                          f"as Transformer-XL does), got {grad_segments!r}")
 
 
+# ---- the trainer, its callbacks and loggers ------------------------------------------------------------------
+def check_trainer(cfg: DictConfig) -> None:
+    check_arguments(cfg.trainer, "trainer")
+    check_strategy(cfg.trainer.get("strategy"))
+    check_arguments(cfg.trainer.get("strategy"), "trainer.strategy")
+    for group in ("callbacks", "logger"):
+        for name, node in (cfg.get(group) or {}).items():
+            check_arguments(node, f"{group}.{name}")
+    check_monitors(cfg.get("callbacks"), cfg.data.tokenizer)
+    check_compile(cfg.compile)
+
+
+def check_arguments(node: Any, key: str) -> None:
+    """Refuse keys that ``node``'s ``_target_`` does not take (e.g. a misspelt ``+trainer.X``), naming them."""
+    if not OmegaConf.is_dict(node) or "_target_" not in node:
+        return
+    from hydra.utils import get_object  # (Hydra is not imported with the rules, which the model uses too)
+
+    target_path = node["_target_"]
+    try:
+        target = get_object(target_path)
+    except Exception:
+        raise ValueError(f"{key}._target_={target_path} cannot be imported; give a full import path") from None
+    try:
+        parameters = inspect.signature(target).parameters
+    except (TypeError, ValueError):  # no signature to check against
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return
+    for name in node:
+        if not str(name).startswith("_") and name not in parameters:
+            raise ValueError(f"{key}.{name} is not an argument of {target_path}; remove it")
+
+
+def check_strategy(strategy: Any) -> None:
+    """A strategy given by name must be ``auto`` or a name of Lightning's registry (a mapping names its class)."""
+    if not isinstance(strategy, str) or strategy == "auto":
+        return
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    names = sorted(StrategyRegistry.available_strategies())
+    if strategy not in names:
+        close = difflib.get_close_matches(strategy, names, n=1)
+        raise ValueError(f"trainer.strategy must be auto, one of {', '.join(names)}, or a mapping with a _target_, "
+                         f"got {strategy!r}" + (f"; did you mean {close[0]}?" if close else ""))
+
+
+def check_monitors(callbacks: Any, tokenizer: str) -> None:
+    """Every callback that monitors a metric (the checkpoint's ``monitor``, an added early stop's) names one that
+    the run logs."""
+    for name, node in (callbacks or {}).items():
+        monitor = node.get("monitor") if OmegaConf.is_dict(node) else None
+        if monitor is None:
+            continue
+        from xl.training.metrics import logged_metrics  # (torch: composing a config starts without it)
+
+        names = logged_metrics(tokenizer)
+        if monitor not in names:
+            null = "null (the latest checkpoint)" if name == "model_checkpoint" else "null"
+            raise ValueError(f"callbacks.{name}.monitor={monitor} is not a metric of this run; choose one of "
+                             f"{', '.join(names)}, or {null}")
+
+
+def check_compile(compile_cfg: Any) -> None:
+    if compile_cfg.enabled:
+        import torch
+
+        backends = torch.compiler.list_backends(exclude_tags=())
+        if compile_cfg.backend not in backends:
+            raise ValueError(f"compile.backend must be one of {', '.join(backends)}, got {compile_cfg.backend!r}")
+
+
 # ---- a composed config ----------------------------------------------------------------------------------------
-def schema_bounds(node: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """(full key, value, bound) of every leaf under ``node`` whose schema field declares a bound."""
-    found = []
-    if not OmegaConf.is_dict(node):
-        return found
-    schema = OmegaConf.get_type(node)
-    declared = {f.name: bound_of(f) for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
-    for name, child in node.items_ex(resolve=False):  # a leaf is read (resolved) only if it has a bound
-        if OmegaConf.is_dict(child):
-            found += schema_bounds(child, f"{prefix}{name}.")
-        elif declared.get(name) is not None:
-            found.append((f"{prefix}{name}", node[name], declared[name]))
-    return found
-
-
 def check_bounds(cfg: DictConfig) -> None:
     """Every bound the schemas declare, for each key the config has (a removed callback or logger is skipped)."""
     for key, value, bound in schema_bounds(cfg):

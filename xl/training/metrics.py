@@ -189,3 +189,16 @@ class LMMetrics(nn.Module):
             if self.unk_id is not None:
                 values[f"{stage}/unk_share"] = bytes_figures[1]
         return values
+
+
+def logged_metrics(tokenizer: str) -> list[str]:
+    """The metrics a training run logs at each validation and training step for ``data.tokenizer``, validation first:
+    the figures that :class:`xl.training.metrics.LMMetrics` gives a batch, with a byte-length table (the data module
+    always has one)."""
+    from xl.data.tokenizers import TOKENIZERS
+
+    metrics, target = LMMetrics(TOKENIZERS[tokenizer].unit), torch.zeros(1, 1, dtype=torch.long)
+    # A tokenizer that can meet text its vocabulary lacks (char, word: <unk>) also logs the share of bytes spelled.
+    has_unk = hasattr(TOKENIZERS[tokenizer], "unknown_bytes")
+    metrics.set_token_bytes(torch.ones(1, dtype=torch.long), 1, 0 if has_unk else None)
+    return [name for stage in ("val", "train") for name in metrics.update(stage, torch.zeros(()), target)]
