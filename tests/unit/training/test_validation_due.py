@@ -46,6 +46,7 @@ class Schedule(L.Callback):
     {"val_check_interval": 3, "check_val_every_n_epoch": 1},  # every 3 batches of each epoch
     {"val_check_interval": 0.5, "check_val_every_n_epoch": 1},  # twice an epoch
     {"val_check_interval": 1.0, "check_val_every_n_epoch": 2},  # every other epoch's end
+    {"val_check_interval": 4, "accumulate_grad_batches": 2},  # windows of two segments (memory.grad_segments)
     {"val_check_interval": 2, "limit_val_batches": 0},  # no validation
 ])
 def test_validation_due_is_lightnings_schedule(settings, tmp_path):
