@@ -60,7 +60,12 @@ def find_run_folder(path: str | Path) -> Path | None:
 
 
 def run_overrides(folder: Path) -> list[str]:
-    return [str(o) for o in OmegaConf.load(folder / OVERRIDES)] if (folder / OVERRIDES).is_file() else []
+    """The run's command-line overrides, with its ``hydra.searchpath`` (the folders its config groups came from, a
+    memory variant's config file outside ``conf/`` among them), which Hydra records apart from the others."""
+    task = [str(o) for o in OmegaConf.load(folder / OVERRIDES)] if (folder / OVERRIDES).is_file() else []
+    hydra = OmegaConf.select(OmegaConf.load(folder / HYDRA), "hydra.overrides.hydra") if (folder / HYDRA).is_file() \
+        else None
+    return [str(o) for o in hydra or [] if str(o).startswith("hydra.searchpath=")] + task
 
 
 def run_cwd(folder: Path) -> Path | None:
