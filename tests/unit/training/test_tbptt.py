@@ -429,10 +429,11 @@ def test_ddp_windows_apply_the_gradient_of_one_process_reading_every_rank(tmp_pa
     synchronised) apply the gradients of one process that reads both ranks' rows (no dropout)."""
     from tests.integration.test_ddp import ddp_train
 
-    common = ("memory.grad_segments=2", "model.dropout=0.0", "trainer.max_steps=3", "+callbacks.grads._target_="
-              "tests.unit.training.test_tbptt.GradientDump")
+    # float32 in both: the two processes see the real CPU, where precision=auto may pick bf16-mixed
+    common = ("memory.grad_segments=2", "model.dropout=0.0", "trainer.max_steps=3", "precision=32-true",
+              "+callbacks.grads._target_=tests.unit.training.test_tbptt.GradientDump")
     ddp_train(tmp_path, corpus, "ddp", *common, f"+callbacks.grads.path={tmp_path / 'ddp.pt'}")
-    one = build_run(compose_config(*tiny_overrides(tmp_path / "one", corpus), *common[:3], "data.batch_size=8",
+    one = build_run(compose_config(*tiny_overrides(tmp_path / "one", corpus), *common[:4], "data.batch_size=8",
                                    "test=false", "model.dropout=0.0"))
     dump = GradientDump(str(tmp_path / "one.pt"))
     one.trainer.callbacks.append(dump)
