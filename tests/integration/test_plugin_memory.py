@@ -22,6 +22,21 @@ from xl.training.footprint import run_estimate
 TARGET = "tests.helpers.plugin_memory.MaxPoolConfig"
 
 
+def decodes_as_forward(model, length: int) -> list[torch.Tensor]:
+    """Check that the model's decoder gives each of ``length`` tokens the logits of the forward pass of that one token
+    over the memory (the decoder's contract: xl.model.decoding); return the forward's memory after them."""
+    tokens = torch.randint(0, model.config.vocab_size, (2, length), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        mems, expected = None, []
+        for t in range(length):
+            out = model(tokens[:, t:t + 1], mems)
+            mems, _ = out.mems, expected.append(out.logits)
+        decoder = model.decoder(2)
+        fed = torch.stack([decoder.feed(tokens[:, t]) for t in range(length)], 1)
+    torch.testing.assert_close(fed, torch.cat(expected, 1), rtol=1e-9, atol=1e-10)
+    return mems
+
+
 def overrides(tmp_path, corpus, folder, *extra):
     return [*tiny_overrides(tmp_path / folder, corpus), "memory=compressive", f"memory._target_={TARGET}",
             "memory.mem_len=8", "memory.cmem_len=4", "memory.cmem_rate=2", *extra]
@@ -41,16 +56,7 @@ def test_a_memory_from_outside_the_package_trains_resumes_decodes_and_is_sized(t
     # of that one token over the memory (the decoder's contract: xl.model.decoding).
     model = checkpoint.load_model().double()
     assert isinstance(model.memory, MaxPoolMemory)
-    tokens = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        mems, expected = None, []
-        for start in range(40):
-            out = model(tokens[:, start:start + 1], mems)
-            mems, _ = out.mems, expected.append(out.logits)
-        expected = torch.cat(expected, 1)
-        decoder = model.decoder(2)
-        fed = torch.stack([decoder.feed(tokens[:, t]) for t in range(40)], 1)
-    torch.testing.assert_close(fed, expected, rtol=1e-9, atol=1e-10)
+    decodes_as_forward(model, 40)
     # Resumed through the same entry point, with its memory state.
     resumed = build_run(compose_config(*overrides(tmp_path, corpus, "second", "trainer.max_steps=5", "test=false",
                                                   f"ckpt_path={folder}")))
@@ -94,16 +100,8 @@ def test_a_memory_written_from_scratch_on_hydras_search_path_runs_through_every_
     # Decoded: each fed token gets the logits of the forward pass of that one token over the memory.
     model = Checkpoint.open(whole, "ckpt_path").load_model().double()
     assert isinstance(model.memory, DilatedMemory) and model.config.memory.far_len == 4
-    tokens = torch.randint(0, model.config.vocab_size, (2, 60), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        mems, expected = None, []
-        for t in range(60):
-            out = model(tokens[:, t:t + 1], mems)
-            mems, _ = out.mems, expected.append(out.logits)
-        decoder = model.decoder(2)
-        fed = torch.stack([decoder.feed(tokens[:, t]) for t in range(60)], 1)
+    mems = decodes_as_forward(model, 60)
     assert mems[0].size(1) == 4, "the memory's dilated states are full"
-    torch.testing.assert_close(fed, torch.cat(expected, 1), rtol=1e-9, atol=1e-10)
 
     # Sized by the run's footprint check: the dilated states and the window of each layer.
     footprint, _ = run_estimate(compose_config(*tiny_overrides(tmp_path, corpus), *plugin))
