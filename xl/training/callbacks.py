@@ -167,8 +167,7 @@ class PreemptionCheckpoint(Checkpoint):
                      self.saved_path, trainer.global_step)
 
     def stop(self, trainer: L.Trainer, stage: str) -> None:
-        self.stage = stage
-        self.in_fit = False
+        self.stage = stage  # (Lightning then calls on_exception, which ends the fit's listening)
         after = "step {} and its validation" if stage == "validation" else "step {}"
         saved = f" after {after.format(trainer.global_step)}; checkpoint {self.saved_path}" if self.saved_path else ""
         during = "" if stage == "validation" else f" during the {stage}"
