@@ -57,3 +57,22 @@ def test_a_variants_settings_are_named_only_beside_its_code():
             text = path.read_text(encoding="utf-8")
             named = [n for n in names if re.search(rf"\b{n}\b", text)]
             assert named == [], f"{path.relative_to(ROOT)} names {named}, settings of {target}"
+
+
+def test_docs_layout_names_every_module():
+    """docs/layout.md names each module of ``xl/``: by its path, or by its file name in the row of its package."""
+    text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.splitlines():
+        for folder in re.findall(r"`(xl/[\w/]+/)`", line):
+            rows[folder] = rows.get(folder, "") + line
+    missing = []
+    for path in sorted((ROOT / "xl").rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if path.name in ("__init__.py", "__main__.py") or f"`{relative}`" in text:
+            continue
+        folders = [parent.relative_to(ROOT).as_posix() + "/" for parent in path.parents if ROOT in parent.parents]
+        inside = relative.removeprefix(next((f for f in folders if f in rows), ""))
+        if not any(f in rows and re.search(rf"`{re.escape(inside)}`", rows[f]) for f in folders):
+            missing.append(relative)
+    assert missing == [], f"docs/layout.md does not name {missing}"
