@@ -23,33 +23,42 @@ def test_query_distances_against_a_walk_back():
     np.testing.assert_array_equal(query_distances(data), expected)
 
 
-def brute_force_reach(query: int, mem_len: int, seg_len: int, hops: int) -> int:
-    """Farthest distance back from which information reaches ``query`` through ``hops`` attention hops."""
+def brute_force_reach(query: int, held: list[int], seg_len: int) -> int:
+    """Farthest distance back from which information reaches ``query`` through one attention hop per entry of
+    ``held`` (the query's first), each hop's keys reaching ``held`` positions before its segment."""
     frontier = {query}
-    for _ in range(hops):
-        frontier = {t for s in frontier for t in range(s - mem_len - s % seg_len, s + 1)}
+    for reach in held:
+        frontier = {t for s in frontier for t in range(s - reach - s % seg_len, s + 1)}
     return query - min(frontier)
 
 
-@pytest.mark.parametrize(("mem_len", "seg_len", "hops"), [(0, 8, 1), (0, 8, 2), (8, 8, 1), (8, 8, 2), (12, 8, 2),
-                                                           (5, 4, 3)])
-def test_reach_prediction_matches_the_attention_windows(mem_len, seg_len, hops):
-    base = 10 * (mem_len + seg_len) * hops
-    reach = [brute_force_reach(base + p, mem_len, seg_len, hops) for p in range(seg_len)]
+@pytest.mark.parametrize(("held", "seg_len"), [([0], 8), ([0, 0], 8), ([8], 8), ([8, 8], 8), ([12, 12], 8),
+                                                ([5, 5, 5], 4), ([3, 20], 8), ([20, 3], 8), ([7, 0, 13], 5)])
+def test_reach_prediction_matches_the_attention_windows(held, seg_len):
+    base = 10 * (sum(held) + seg_len) * len(held)  # a multiple of the segment: position p of a segment is base + p
+    base -= base % seg_len
+    reach = [brute_force_reach(base + p, held, seg_len) for p in range(seg_len)]
     for d in range(1, max(reach) + seg_len + 2):
         seen = sum(r >= d for r in reach) / seg_len
-        assert reach_accuracy(d, mem_len, seg_len, hops) == pytest.approx(seen + (1 - seen) / len(KEYS))
+        assert reach_accuracy(d, held, seg_len) == pytest.approx(seen + (1 - seen) / len(KEYS))
 
 
 def test_reach_prediction_known_values():
     chance = 1 / len(KEYS)
-    assert reach_accuracy(4, 0, 32, 2) == pytest.approx(28 / 32 + 4 / 32 * chance)  # no memory, no relay
-    assert reach_accuracy(32, 0, 32, 2) == pytest.approx(chance)
-    assert reach_accuracy(32, 32, 32) == pytest.approx(1.0)
-    assert reach_accuracy(48, 32, 32) == pytest.approx(0.5 + 0.5 * chance)
-    assert reach_accuracy(64, 32, 32) == pytest.approx(chance)
-    assert reach_accuracy(128, 64, 32, 2) == pytest.approx(1.0)
-    assert reach_accuracy(160, 64, 32, 2) == pytest.approx(chance)
+    assert reach_accuracy(4, [0, 0], 32) == pytest.approx(28 / 32 + 4 / 32 * chance)  # no memory, no relay
+    assert reach_accuracy(32, [0, 0], 32) == pytest.approx(chance)
+    assert reach_accuracy(32, [32], 32) == pytest.approx(1.0)
+    assert reach_accuracy(48, [32], 32) == pytest.approx(0.5 + 0.5 * chance)
+    assert reach_accuracy(64, [32], 32) == pytest.approx(chance)
+    assert reach_accuracy(128, [64, 64], 32) == pytest.approx(1.0)
+    assert reach_accuracy(160, [64, 64], 32) == pytest.approx(chance)
+    # a retrieval store of 512 in the top layer of two, beside a cache of 32: one hop sees 32 + 512 + p back; the relay
+    # goes on from the segment boundary it reached, 32 further: 576 + p
+    assert reach_accuracy(544, [544], 32) == pytest.approx(1.0)
+    assert reach_accuracy(560, [544], 32) == pytest.approx(0.5 + 0.5 * chance)
+    assert reach_accuracy(576, [544, 32], 32) == pytest.approx(1.0)
+    assert reach_accuracy(592, [544, 32], 32) == pytest.approx(0.5 + 0.5 * chance)
+    assert reach_accuracy(608, [544, 32], 32) == pytest.approx(chance)
 
 
 class Oracle(torch.nn.Module):

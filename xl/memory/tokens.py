@@ -84,6 +84,12 @@ class TokensConfig(MemoryConfig):
     def check_window(self, grad_segments: int, mem_len: int) -> None:
         """The written tokens carry the gradient, with or without a cache."""
 
+    def held(self, mem_len: int, grad_segments: int, n_layer: int) -> list[int]:
+        """The read tokens hold what the previous segment's write tokens saw (that segment and the cache before it),
+        and so on back, as far as windows of ``grad_segments`` segments train them to carry: ``grad_segments - 1``
+        segments beyond the cache (none with 1, where no gradient reaches the write tokens)."""
+        return [mem_len + (grad_segments - 1) * self.seg_len] * n_layer
+
 
 class InitialTokens(nn.Module):
     """The memory's learned initial values, ``[n, d]``, drawn at the scale of the embedded inputs (embedding std 0.02
