@@ -35,9 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from xl.bench.runner import SegmentRunner
 from xl.config.compose import compose, exit_on_user_error
 from xl.data.recall import KEYS, QUERY
 
@@ -108,9 +106,14 @@ class Row:
                 **self.predictions(d, seg_len)}
 
 
-def recall_accuracy(model: torch.nn.Module, rows: np.ndarray, seg_len: int, mem_len: int
+def recall_accuracy(model: Any, rows: np.ndarray, seg_len: int, mem_len: int
                     ) -> dict[int, tuple[int, int]]:
-    """Read the rows segment by segment with memory; count correct key predictions at each query, per d."""
+    """Read the rows segment by segment with memory (``model``: a :class:`~xl.model.transformer.TransformerXL`);
+    count correct key predictions at each query, per d."""
+    import torch
+
+    from xl.bench.runner import SegmentRunner
+
     inputs = torch.from_numpy(rows[:, :-1].astype(np.int64))
     runner = SegmentRunner(model, inputs, seg_len, targets=False, mem_len=mem_len, return_logits=True)
     predicted = torch.cat([runner.step().logits.argmax(-1) for _ in range(runner.n_segments)], dim=1).numpy()
@@ -363,10 +366,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of every run, before the options, e.g. "
                                                      "memory=compressive model.n_layer=3")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
     start = time.time()
     with exit_on_user_error():
         out = output_folder(args.out, args.overrides, args.seeds)
+        import torch  # after the command line's checks: --help and a refusal need none of it
+
+        torch.set_num_threads(args.threads)
         rows, seeds, seg_len, n_layer = run_probe(args.mem_lens, args.distances, args.steps, out, args.overrides,
                                                   args.score, args.seeds)
     columns = scored_distances(args.score) or args.distances
