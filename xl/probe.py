@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -54,20 +55,20 @@ def query_distances(row: np.ndarray) -> np.ndarray:
     return np.where(last_key >= 0, positions - last_key, -1)
 
 
-def reach_accuracy(d: int, held: Sequence[int], seg_len: int) -> float:
+def reach_accuracy(d: int, held: Sequence[float], seg_len: int) -> float:
     """Expected accuracy if the model recalls whatever a chain of attention hops can see, and guesses otherwise.
 
     ``held``: per hop, the query's first, how many positions before its segment that hop's keys reach
-    (:meth:`~xl.memory.settings.MemoryConfig.held` of the hop's layer). Position s attends back to
-    ``s - held - (s mod seg_len)`` (its memory and its own segment so far); a relay through a layer's cached states
-    starts the next hop there. The memory is full (positions before the stream's start count as text), and queries
-    are spread evenly over the segment positions.
+    (:meth:`~xl.memory.settings.MemoryConfig.held` of the hop's layer; ``math.inf``: every position). Position s
+    attends back to ``s - held - (s mod seg_len)`` (its memory and its own segment so far); a relay through a layer's
+    cached states starts the next hop there. The memory is full (positions before the stream's start count as
+    text), and queries are spread evenly over the segment positions.
     """
     seen = 0
     for p in range(seg_len):
         start = p
         for reach in held:
-            start -= reach + start % seg_len
+            start = start - reach - start % seg_len if reach < math.inf else -math.inf
         seen += p - start >= d
     fraction = seen / seg_len
     return fraction + (1.0 - fraction) / len(KEYS)
@@ -85,7 +86,7 @@ class Row:
     each distance."""
 
     mem_len: int
-    held: list[int]
+    held: list[float]
     counts: list[dict[int, tuple[int, int]]] = field(default_factory=list)
 
     def predictions(self, d: int, seg_len: int) -> dict[str, float]:
@@ -291,7 +292,7 @@ def write_report(rows: Sequence[Row], distances: Sequence[int], out_dir: Path, s
     text = table(rows, distances, seg_len, n_layer, seeds)
     (out_dir / "probe.md").write_text(text + "\n")
     results = {"seeds": list(seeds), "seg_len": seg_len, "n_layer": n_layer,
-               "rows": [{"mem_len": row.mem_len, "held": row.held,
+               "rows": [{"mem_len": row.mem_len, "held": [h if h < math.inf else None for h in row.held],
                          "cells": {str(d): row.cell(d, seg_len) for d in distances}} for row in rows]}
     (out_dir / "probe.json").write_text(json.dumps(results, indent=1) + "\n")
     return text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -64,6 +65,8 @@ def test_reach_prediction_known_values():
     assert reach_accuracy(576, [544, 32], 32) == pytest.approx(1.0)
     assert reach_accuracy(592, [544, 32], 32) == pytest.approx(0.5 + 0.5 * chance)
     assert reach_accuracy(608, [544, 32], 32) == pytest.approx(chance)
+    # memory tokens trained through windows: a recurrence, no bound
+    assert reach_accuracy(10 ** 6, [math.inf], 32) == 1.0 and reach_accuracy(10 ** 6, [32, math.inf], 32) == 1.0
 
 
 class Oracle(torch.nn.Module):

@@ -35,6 +35,7 @@ the text before it: its first, partial segment sees no memory tokens, and its wr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -84,11 +85,11 @@ class TokensConfig(MemoryConfig):
     def check_window(self, grad_segments: int, mem_len: int) -> None:
         """The written tokens carry the gradient, with or without a cache."""
 
-    def held(self, mem_len: int, grad_segments: int, n_layer: int) -> list[int]:
-        """The read tokens hold what the previous segment's write tokens saw (that segment and the cache before it),
-        and so on back, as far as windows of ``grad_segments`` segments train them to carry: ``grad_segments - 1``
-        segments beyond the cache (none with 1, where no gradient reaches the write tokens)."""
-        return [mem_len + (grad_segments - 1) * self.seg_len] * n_layer
+    def held(self, mem_len: int, grad_segments: int, n_layer: int) -> list[float]:
+        """The read tokens hold what the previous segment's write tokens saw, and so on back: with windows of
+        ``grad_segments`` > 1 training teaches them to carry a token, with no bound on how far (a recurrence); with 1 no
+        gradient reaches the write tokens, and only the cache holds."""
+        return [math.inf if grad_segments > 1 else mem_len] * n_layer
 
 
 class InitialTokens(nn.Module):

@@ -4,6 +4,8 @@ prediction in a one-layer model."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -25,8 +27,8 @@ def test_held_by_hand():
     assert KnnConfig(knn_size=512).held(32, 1, 4) == [32, 32, 544, 32]
     assert KnnConfig(knn_size=100, knn_layers=[3, 0]).held(0, 1, 4) == [100, 0, 0, 100]
     assert TokensConfig(seg_len=32).held(32, 1, 2) == [32, 32]  # no gradient reaches the write tokens
-    assert TokensConfig(seg_len=32).held(32, 2, 2) == [64, 64]  # the previous segment, and the cache before it
-    assert TokensConfig(num_tokens=2, seg_len=16).held(0, 4, 3) == [48, 48, 48]
+    assert TokensConfig(seg_len=32).held(32, 2, 2) == [math.inf, math.inf]  # a recurrence, trained through windows
+    assert TokensConfig(num_tokens=2, seg_len=16).held(0, 4, 3) == [math.inf] * 3
 
 
 def first_prediction_changes(memory, mem_len: int, seg_len: int, back: int) -> bool:
