@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from tests.helpers.dilated_memory import DilatedConfig
 from tests.helpers.memories import xl_config
 from tests.unit.model.test_model import TINY, run_segments
 from xl.memory.cache import CacheConfig
@@ -53,6 +54,7 @@ def first_prediction_changes(memory, mem_len: int, seg_len: int, back: int) -> b
     (CompressiveConfig(cmem_len=3, cmem_rate=4, cmem_fn="mean"), 8),
     (KnnConfig(knn_size=8, knn_top_k=8), 4),
     (KnnConfig(knn_size=6, knn_top_k=6), 0),
+    (DilatedConfig(far_len=3, stride=2), 4),  # a variant written outside the package
 ])
 def test_a_segments_first_token_reads_exactly_as_far_back_as_held(memory, mem_len):
     seg_len = 4
