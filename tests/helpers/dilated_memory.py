@@ -44,6 +44,10 @@ class DilatedConfig(MemoryConfig):
         if grad_segments > 1:
             raise ValueError("the dilated memory is detached; set memory.grad_segments=1 with memory=dilated")
 
+    def held(self, mem_len: int, grad_segments: int, n_layer: int) -> list[int]:
+        # the oldest group kept: far_len groups before the window, of which its newest state
+        return [mem_len + (self.far_len - 1) * self.stride + 1] * n_layer
+
     def check_lengths(self, lengths: dict[str, int]) -> None:
         for key, length in lengths.items():
             if length % self.stride:

@@ -58,6 +58,10 @@ class CompressiveConfig(MemoryConfig):
             raise ValueError("the compressed memory is always detached, so gradients cannot cross segments "
                              "through it; set memory.grad_segments=1 with memory=compressive")
 
+    def held(self, mem_len: int, grad_segments: int, n_layer: int) -> list[int]:
+        """The slots before the memory: each summarises ``cmem_rate`` positions."""
+        return [mem_len + self.cmem_len * self.cmem_rate] * n_layer
+
     def check_lengths(self, lengths: dict[str, int]) -> None:
         """Once the memory is full each segment evicts its length in states, and the memory's own length decides
         where the groups fall: a rate that divides both compresses whole groups."""

@@ -100,6 +100,13 @@ class MemoryConfig:
         """Refuse segment or memory lengths (``{"data.tgt_len": 128, "memory.mem_len": 64, ...}``) this memory
         cannot divide up."""
 
+    # ---- what the memory holds --------------------------------------------------------------------------------
+    def held(self, mem_len: int, grad_segments: int, n_layer: int) -> list[float]:
+        """Per layer, how many positions before a segment's first token a query of that layer can read a token from
+        in one attention hop, once the memory is full (``math.inf``: no bound): the cache's ``mem_len`` unless the
+        variant keeps more (the recall probe's predictions, :func:`xl.probe.reach_accuracy`)."""
+        return [mem_len] * n_layer
+
     # ---- records ---------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The settings with ``_target_``: what a checkpoint records, and :func:`from_dict` reads back."""

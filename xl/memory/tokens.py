@@ -35,6 +35,7 @@ the text before it: its first, partial segment sees no memory tokens, and its wr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -83,6 +84,12 @@ class TokensConfig(MemoryConfig):
 
     def check_window(self, grad_segments: int, mem_len: int) -> None:
         """The written tokens carry the gradient, with or without a cache."""
+
+    def held(self, mem_len: int, grad_segments: int, n_layer: int) -> list[float]:
+        """The read tokens hold what the previous segment's write tokens saw, and so on back: with windows of
+        ``grad_segments`` > 1 training teaches them to carry a token, with no bound on how far (a recurrence); with 1 no
+        gradient reaches the write tokens, and only the cache holds."""
+        return [math.inf if grad_segments > 1 else mem_len] * n_layer
 
 
 class InitialTokens(nn.Module):

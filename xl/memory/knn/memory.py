@@ -82,6 +82,11 @@ class KnnConfig(MemoryConfig):
             raise ValueError("same_length would let a query's window drop keys that have not yet entered the store; "
                              "set memory.same_length=false and memory.eval_same_length=false with memory=knn")
 
+    def held(self, mem_len: int, grad_segments: int, n_layer: int) -> list[int]:
+        """A retrieval layer also reads its store: the ``knn_size`` positions that left the cache before it."""
+        layers = default_layers(n_layer) if self.knn_layers is None else self.knn_layers
+        return [mem_len + self.knn_size * (layer in layers) for layer in range(n_layer)]
+
     def check_window(self, grad_segments: int, mem_len: int) -> None:
         if grad_segments > 1:
             raise ValueError("the retrieval store takes no gradient, and windows of several segments are not "
