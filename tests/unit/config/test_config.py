@@ -84,7 +84,8 @@ def test_memory_options(option):
     assert m.mem_dtype == "float32"
     # Each option names its variant; only the compressive one keeps compressed slots: as many as its memory.
     variant = variant_config(m, compose_config(f"memory={option}"))
-    assert variant.name == {"compressive": "compressive", "tokens": "tokens", "rmt": "rmt", "knn": "knn"}.get(option, "cache")
+    named = {"compressive": "compressive", "tokens": "tokens", "rmt": "rmt", "knn": "knn"}
+    assert variant.name == named.get(option, "cache")
     if option == "compressive":
         assert (variant.cmem_len, variant.cmem_rate, variant.cmem_fn) == (64, 2, "conv")
     check_memory(compose_config(f"memory={option}"))
