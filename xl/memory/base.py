@@ -95,6 +95,11 @@ class Layers(Protocol):
         [B, T, d], its weights held fixed (detached): the heads' outputs [B, H, L, D]."""
         ...
 
+    def final_norm(self, states: Tensor) -> Tensor:
+        """The model's final layer norm (before the head; the identity without ``pre_lnorm``) of last-layer states
+        [B, T, d], in the graph."""
+        ...
+
 
 @dataclass
 class Segment:

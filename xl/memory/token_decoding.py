@@ -162,7 +162,8 @@ class TokenDecoder:
         initial = self.memory.initial_values(self.batch_size, self.model.dtype)
         inputs = torch.where(began_later, initial, self.read_inputs)
         outputs = [self._step(inputs[:, j:j + 1], m + n + L + j) for j in range(n)]
-        memory = torch.cat(outputs, dim=1).to(self.mem_dtype).to(self.model.dtype)
+        written = self.memory.written(torch.cat(outputs, dim=1), self.model.final_norm)
+        memory = written.to(self.mem_dtype).to(self.model.dtype)
         gone = leaving(m + L, self.window)
         kept = [*range(gone, m), *range(m + n + max(0, gone - m), m + n + L)]
         index = torch.tensor(kept, dtype=torch.long, device=self.model.device)

@@ -50,6 +50,8 @@ from xl.memory.settings import MemoryConfig
 from xl.model.documents import Documents
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from xl.memory.token_decoding import TokenDecoder
     from xl.model.config import XLConfig
     from xl.model.transformer import TransformerXL
@@ -193,13 +195,19 @@ class TokenMemory(Memory):
         L = outputs.size(1) - 2 * n
         text = [x[:, n:n + L] for x in segment.layer_inputs]
         cache = self.cache.update(state[:-1], segment.but(layer_inputs=text, keep_kv=False)).state
-        memory = outputs[:, n + L:].to(segment.dtype, copy=True)  # a fresh tensor: callers may clean it in place
+        # A fresh tensor: callers may clean it in place.
+        memory = self.written(outputs[:, n + L:], segment.layers.final_norm).to(segment.dtype, copy=True)
         if not segment.attached:
             memory = memory.detach()
         kept = None
         if segment.keep_kv:
             kept = [self.kept_kv(k, v, state[0].size(1), L, segment.mem_len) for k, v in segment.kv]
         return Update(cache + [memory], kept)
+
+    def written(self, outputs: Tensor, final_norm: Callable[[Tensor], Tensor]) -> Tensor:
+        """The memory [B, n, d] from the last layer's outputs at the write positions [B, n, d]: those outputs, before
+        the model's ``final_norm`` (a layout that writes otherwise says so here; the decoder asks the same)."""
+        return outputs
 
     def kept_kv(self, k: Tensor, v: Tensor, m_len: int, L: int, mem_len: int) -> tuple[Tensor, Tensor]:
         """The keys/values of the cache after a segment, sliced from a layer's over ``cache ∘ read ∘ text ∘ write``

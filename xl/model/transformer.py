@@ -48,14 +48,18 @@ class XLOutput:
 class LayerView:
     """What a memory may ask of the model's layers (:class:`xl.memory.base.Layers`), without being handed them."""
 
-    def __init__(self, layers: nn.ModuleList) -> None:
+    def __init__(self, layers: nn.ModuleList, final_norm: nn.Module | None = None) -> None:
         self._layers = layers
+        self._final_norm = nn.Identity() if final_norm is None else final_norm  # None: a model without one
 
     def project(self, layer: int, states: Tensor) -> tuple[Tensor, Tensor]:
         return self._layers[layer].attn.project_memory(states)
 
     def content_attention(self, layer: int, x: Tensor, states: Tensor) -> Tensor:
         return self._layers[layer].attn.content_attention(x, states)
+
+    def final_norm(self, states: Tensor) -> Tensor:
+        return self._final_norm(states)
 
     def project_context(self, context: Context) -> list[tuple[Tensor, Tensor]]:
         """Keys and values [B, H, M, D] of each layer's memory pieces (oldest first), projected."""
@@ -216,7 +220,7 @@ class TransformerXL(nn.Module):
         if cache_kv and torch.is_grad_enabled():
             raise ValueError("cache_kv is for evaluation (under torch.no_grad()): the cached keys and values "
                              "would be stale after the next optimizer step")
-        layers = LayerView(self.layers)
+        layers = LayerView(self.layers, self.final_norm)
         if cache_kv and kv is None and M:
             kv = layers.project_context(context)
         if kv is not None and (len(kv) != cfg.n_layer or any(k.size(2) != M for k, _ in kv)):

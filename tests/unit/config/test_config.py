@@ -70,6 +70,7 @@ MEMORY = {  # mem_len, eval_mem_len, clamp_len, eval_clamp_len, same_length, eva
     "long": (256, 1024, -1, None, False, True),
     "compressive": (64, None, -1, None, False, None),
     "tokens": (128, None, -1, None, False, None),  # 4 memory tokens on top of memory=default's cache
+    "rmt": (0, None, -1, None, False, None),  # 4 memory tokens laid out as RMT's models: no cache
     "knn": (128, None, -1, None, False, None),  # a retrieval store on top of memory=default's cache
     "babilong": (192, None, -1, None, False, None),  # experiment=babilong's cache
 }
@@ -83,7 +84,8 @@ def test_memory_options(option):
     assert m.mem_dtype == "float32"
     # Each option names its variant; only the compressive one keeps compressed slots: as many as its memory.
     variant = variant_config(m, compose_config(f"memory={option}"))
-    assert variant.name == {"compressive": "compressive", "tokens": "tokens", "knn": "knn"}.get(option, "cache")
+    named = {"compressive": "compressive", "tokens": "tokens", "rmt": "rmt", "knn": "knn"}
+    assert variant.name == named.get(option, "cache")
     if option == "compressive":
         assert (variant.cmem_len, variant.cmem_rate, variant.cmem_fn) == (64, 2, "conv")
     check_memory(compose_config(f"memory={option}"))
