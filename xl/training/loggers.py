@@ -2,7 +2,9 @@
 
 - :class:`CSVLogger`: Lightning's CSVLogger writes ``<run folder>/csv/metrics.csv`` and, on a resume into the same
   folder, deletes the file. This one keeps the rows of the steps before the checkpoint the run continues from and
-  appends the resumed session's rows (rows of steps after the checkpoint, which the resume trains again, go).
+  appends the resumed session's rows (rows of steps after the checkpoint, which the resume trains again, go, and so
+  do the rows of an earlier session's test: the run's test is the one at its end). A session that only tests (the
+  run's training is complete) keeps every training row likewise.
 - :class:`WandbLogger`: each offline W&B session of a resumed run is a new folder (W&B cannot resume an offline run
   in place, W&B issue #4624), and W&B numbers a session's rows (``_step``) from 0. This one gives W&B the trainer's
   step as ``_step``, so the resumed session's rows continue the run's and ``wandb sync`` of all its folders uploads
@@ -48,7 +50,7 @@ class CSVLogger(LightningCSVLogger):
             with open(path, newline="") as f:
                 reader = csv.DictReader(f)
                 header = list(reader.fieldnames or [])
-                kept = [row for row in reader if int(row["step"]) < self.resume_step]
+                kept = [row for row in reader if int(row["step"]) < self.resume_step and not tested(row)]
             aside = path.with_name(path.name + ".resumed")
             path.replace(aside)  # Lightning's writer deletes a metrics.csv it finds; the rows are written back below
         with warnings.catch_warnings():
@@ -62,6 +64,11 @@ class CSVLogger(LightningCSVLogger):
             self.writer.save()
             aside.unlink()
         return self.writer
+
+
+def tested(row: dict[str, str]) -> bool:
+    """Whether a CSV row holds a value of a test."""
+    return any(key.startswith("test/") and value != "" for key, value in row.items())
 
 
 class WandbLogger(LightningWandbLogger):
