@@ -29,7 +29,7 @@ from xl.config.rules import check_fits as check_estimate
 from xl.data import DataError
 from xl.memory.store import packed_size
 from xl.model.config import XLConfig
-from xl.training.checkpoint import Checkpoint, CheckpointError, check_compatible
+from xl.training.checkpoint import XL_KEY, Checkpoint, CheckpointError, check_compatible
 from xl.training.checkpoint_io import AtomicCheckpointIO
 from xl.training.console import TRAINER_DEFAULTS
 from xl.training.footprint import available_memory, run_estimate, vocabulary_bound
@@ -222,7 +222,7 @@ def build_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None, resumed:
     resumed = resumed or preloaded
     for logger in loggers if resumed is not None else []:
         if hasattr(logger, "continue_from"):  # xl.training.loggers
-            logger.continue_from(resumed.global_step or 0)
+            logger.continue_from(resumed.global_step or 0, (resumed.state.get(XL_KEY) or {}).get("step_row"))
     trainer = make_trainer(cfg, preloaded, logger=loggers or False, callbacks=build_callbacks(cfg, bool(loggers)))
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
