@@ -89,7 +89,9 @@ class WandbLogger(LightningWandbLogger):
 
     step = 0  # the step of W&B's current row
 
-    def continue_from(self, step: int) -> None:
+    def continue_from(self, step: int, step_row: dict[str, Any] | None = None) -> None:
+        """Continue W&B's rows at ``step`` (``step_row``: see :meth:`CSVLogger.continue_from`; W&B's record of each
+        session is kept as it was written)."""
         self.step = step
 
     @rank_zero_only
