@@ -14,7 +14,6 @@ checkpoint. A stop before the end (a signal, a full disk, non-finite steps) ends
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -24,8 +23,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.compose import entry_point, exit_on_user_error
 from xl.config.rules import ConfigError
+from xl.training import run_lock
 from xl.training.console import errors_logged, quiet_libraries, quiet_wandb, quiet_warnings
-from xl.training.runs import continue_run, wandb_id
+from xl.training.runs import continue_run, holds_run, requeued, wandb_id
 
 # Lightning and the training code are imported by the functions that train: composing, printing the config
 # (--cfg job, --help) and reporting a bad key answer without them.
@@ -40,9 +40,8 @@ def prepare_run(cfg: DictConfig) -> None:
     """A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues from its folder's newest checkpoint; the W&B
     logger gets the folder's W&B id, so every resume logs into the same W&B run."""
     output_dir = Path(cfg.paths.output_dir)
-    requeued = int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
     with open_dict(cfg):
-        if requeued and not cfg.get("ckpt_path") and cfg.train and any((output_dir / "checkpoints").glob("*.ckpt")):
+        if requeued(cfg) and not cfg.get("ckpt_path") and holds_run(output_dir):
             log.info("requeued: continuing from %s", output_dir)
             cfg.ckpt_path = str(output_dir)
         wandb = OmegaConf.select(cfg, "logger.wandb")
@@ -128,7 +127,10 @@ def main() -> float | None:
     quiet_warnings()
     with exit_on_user_error():
         sys.argv[1:] = continue_run(sys.argv[1:])
-    return train_main()
+    try:
+        return train_main()
+    finally:
+        run_lock.release()  # the run folder's lock (xl.training.hydra_callbacks.ClaimRunFolder), however the run ended
 
 
 if __name__ == "__main__":

@@ -216,6 +216,7 @@ class TrainSchema:
     ckpt_path: str | None = setting(None, help="resume (or, with train=false, test) this checkpoint or run folder "
                                                "(its newest complete checkpoint)")
     init_from: str | None = setting(None, help="start a new run from this run's (or converted model's) weights")
+    overwrite: bool = setting(False, help="a new run into a folder that holds another run: empty the folder first")
     max_nonfinite_steps: int = setting(5, bound=POSITIVE, help="skipped non-finite steps in a row that stop the run")
     run_name: str | None = setting(None, help="null: the command-line overrides (or default)")
     tags: list[str] = setting(factory=list, help="the run's tags (W&B)")

@@ -29,7 +29,7 @@ from xl.config.rules import check_fits as check_estimate
 from xl.data import DataError
 from xl.memory.store import packed_size
 from xl.model.config import XLConfig
-from xl.training.checkpoint import Checkpoint, CheckpointError, check_compatible
+from xl.training.checkpoint import XL_KEY, Checkpoint, CheckpointError, check_compatible
 from xl.training.checkpoint_io import AtomicCheckpointIO
 from xl.training.console import TRAINER_DEFAULTS
 from xl.training.footprint import available_memory, run_estimate, vocabulary_bound
@@ -214,12 +214,15 @@ def make_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None, **kwargs:
     return build(cfg.trainer, "trainer", plugins=plugins, **quiet, **kwargs)
 
 
-def build_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None) -> L.Trainer:
-    """The run's Trainer; ``preloaded``: the checkpoint a fit resumes from (its loggers continue from its step)."""
+def build_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None, resumed: Checkpoint | None = None) -> L.Trainer:
+    """The run's Trainer; ``preloaded``: the checkpoint a fit resumes from; ``resumed``: the checkpoint of the run
+    this session continues (a fit's, or the test of a run whose training is complete): its loggers continue from
+    its step."""
     loggers = build_loggers(cfg)
-    for logger in loggers if preloaded is not None else []:
+    resumed = resumed or preloaded
+    for logger in loggers if resumed is not None else []:
         if hasattr(logger, "continue_from"):  # xl.training.loggers
-            logger.continue_from(preloaded.global_step or 0)
+            logger.continue_from(resumed.global_step or 0, (resumed.state.get(XL_KEY) or {}).get("step_row"))
     trainer = make_trainer(cfg, preloaded, logger=loggers or False, callbacks=build_callbacks(cfg, bool(loggers)))
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -268,6 +271,6 @@ def build_run(cfg: DictConfig) -> Run:
     load_weights(initial, module)
     checkpoint = resume.checkpoint if resume else Checkpoint.open(cfg.ckpt_path) if cfg.get("ckpt_path") else None
     ckpt_path = check_checkpoint(cfg, module, datamodule, checkpoint) if checkpoint else None
-    trainer = build_trainer(cfg, checkpoint if resume and not resume.finished else None)
+    trainer = build_trainer(cfg, checkpoint if resume and not resume.finished else None, resume and checkpoint)
     check_splits(cfg, datamodule, trainer)
     return Run(datamodule, module, trainer, ckpt_path, resume)

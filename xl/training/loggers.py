@@ -2,7 +2,11 @@
 
 - :class:`CSVLogger`: Lightning's CSVLogger writes ``<run folder>/csv/metrics.csv`` and, on a resume into the same
   folder, deletes the file. This one keeps the rows of the steps before the checkpoint the run continues from and
-  appends the resumed session's rows (rows of steps after the checkpoint, which the resume trains again, go).
+  appends the resumed session's rows (rows of steps after the checkpoint, which the resume trains again, go, and so
+  do the rows of an earlier session's test: the run's test is the one at its end). A session that only tests (the
+  run's training is complete) keeps every training row likewise. The row of the checkpoint's own step is written
+  after the checkpoint (Lightning's order); a kill between the two leaves the file without it, and the resume writes
+  it from the checkpoint (``XLLitModule.step_row``).
 - :class:`WandbLogger`: each offline W&B session of a resumed run is a new folder (W&B cannot resume an offline run
   in place, W&B issue #4624), and W&B numbers a session's rows (``_step``) from 0. This one gives W&B the trainer's
   step as ``_step``, so the resumed session's rows continue the run's and ``wandb sync`` of all its folders uploads
@@ -31,10 +35,13 @@ class CSVLogger(LightningCSVLogger):
     """``csv/metrics.csv`` over all the sessions of a run (see the module's notes)."""
 
     resume_step: int | None = None
+    step_row: dict[str, Any] | None = None
     writer: ExperimentWriter | None = None
 
-    def continue_from(self, step: int) -> None:
-        self.resume_step = step
+    def continue_from(self, step: int, step_row: dict[str, Any] | None = None) -> None:
+        """Continue the history at ``step``; ``step_row``: the metric row of the checkpoint's step, which the file may
+        lack (a kill after the checkpoint, before Lightning wrote the row)."""
+        self.resume_step, self.step_row = step, step_row
 
     @property
     @rank_zero_experiment
@@ -48,7 +55,10 @@ class CSVLogger(LightningCSVLogger):
             with open(path, newline="") as f:
                 reader = csv.DictReader(f)
                 header = list(reader.fieldnames or [])
-                kept = [row for row in reader if int(row["step"]) < self.resume_step]
+                kept = [row for row in reader if int(row["step"]) < self.resume_step and not tested(row)]
+            if self.step_row is not None and not any(logged(row, self.step_row) for row in kept):
+                kept.append({k: str(v) for k, v in self.step_row.items()})
+                header = sorted({*header, *self.step_row})
             aside = path.with_name(path.name + ".resumed")
             path.replace(aside)  # Lightning's writer deletes a metrics.csv it finds; the rows are written back below
         with warnings.catch_warnings():
@@ -64,12 +74,24 @@ class CSVLogger(LightningCSVLogger):
         return self.writer
 
 
+def logged(row: dict[str, str], step_row: dict[str, Any]) -> bool:
+    """Whether ``row`` of the file is the step's row ``step_row``."""
+    return int(row["step"]) == step_row["step"] and all(row.get(k) for k in step_row if k not in ("step", "epoch"))
+
+
+def tested(row: dict[str, str]) -> bool:
+    """Whether a CSV row holds a value of a test."""
+    return any(key.startswith("test/") and value != "" for key, value in row.items())
+
+
 class WandbLogger(LightningWandbLogger):
     """Lightning's WandbLogger with W&B's ``_step`` set to the trainer's step (see the module's notes)."""
 
     step = 0  # the step of W&B's current row
 
-    def continue_from(self, step: int) -> None:
+    def continue_from(self, step: int, step_row: dict[str, Any] | None = None) -> None:
+        """Continue W&B's rows at ``step`` (``step_row``: see :meth:`CSVLogger.continue_from`; W&B's record of each
+        session is kept as it was written)."""
         self.step = step
 
     @rank_zero_only

@@ -157,11 +157,13 @@ class XLLitModule(L.LightningModule):
         self.nonfinite.loss(loss)
         values = self.metrics.update("train", loss, batch[1], target_bytes(batch))
         self.log_dict(values, on_step=True, prog_bar=True, batch_size=batch[1].size(0))
+        self.step_figures = values
         if out.recon_loss is None:
             return loss
         # The compressor's own loss (Rae et al., 2019): no gradient of it reaches the main network, nor of the main
         # loss the compressor (the compressed memory is detached), so one backward of the sum trains both.
         self.log("train/recon_loss", out.recon_loss.detach(), on_step=True, batch_size=batch[1].size(0))
+        self.step_figures = {**values, "train/recon_loss": out.recon_loss.detach()}
         return loss + out.recon_loss
 
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
@@ -268,7 +270,18 @@ class XLLitModule(L.LightningModule):
             "train_memory": self.memory.pack(self.all_gather, world),
             "rng": gather_rng_states(world),
             "train_sums": self.gather_train_sums(world),
+            "step_row": self.step_row(),
         }
+
+    def step_row(self) -> dict[str, float] | None:
+        """The metric row of the step a checkpoint ends (None when the step logs none). Lightning sends it to the
+        loggers after the checkpoints of the step are written, so a kill between the two would lose it: the checkpoint
+        keeps it, and a resume from it writes it when the history lacks it (xl.training.loggers.CSVLogger)."""
+        trainer, figures = self.trainer, getattr(self, "step_figures", None)
+        if figures is None or trainer.state.fn != TrainerFn.FITTING or trainer.global_step % trainer.log_every_n_steps:
+            return None
+        values = {k: float(v) for k, v in figures.items()}
+        return {"step": trainer.global_step - 1, "epoch": trainer.current_epoch, **values}
 
     def gather_train_sums(self, world: int) -> dict[str, Tensor]:
         """Every rank's sums of the epoch's training loss (the epoch metric's states), [world] each."""

@@ -14,6 +14,7 @@ settings; :class:`TrainedRun` is the same for Python users (model and tokenizer 
 from __future__ import annotations
 
 import functools
+import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ RESUMABLE = ("trainer.max_steps", "trainer.max_epochs", "trainer.val_check_inter
              "trainer.num_nodes", "trainer.strategy", "trainer", "memory.eval_mem_len", "memory.eval_same_length",
              "memory.eval_clamp_len", "data.eval_tgt_len", "data.eval_batch_size", "data.cache_dir", "test", "run_name",
              "tags", "max_nonfinite_steps", "ckpt_path", "train")
+NOT_CARRIED = ("hydra.run.dir", "ckpt_path", "overwrite")  # overrides of the run that its resume does not repeat
 RESUMABLE_TREES = ("logger", "callbacks", "compile", "hydra", "paths")  # every key under these
 
 
@@ -134,6 +136,26 @@ def wandb_id(folder: str | Path) -> str:
     return new
 
 
+def requeued(cfg: DictConfig) -> bool:
+    """Whether this is a SLURM job requeued (``SLURM_RESTART_COUNT`` above 0) to train on: it continues the run in
+    its folder."""
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0 and bool(cfg.get("train", True))
+
+
+def holds_run(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a run's checkpoints."""
+    return any((Path(folder) / "checkpoints").glob("*.ckpt"))
+
+
+def resumes(cfg: DictConfig, folder: str | Path) -> bool:
+    """Whether ``ckpt_path`` names ``folder`` or a file in it."""
+    ckpt = cfg.get("ckpt_path")
+    if not ckpt:
+        return False
+    path = Path(str(ckpt)).expanduser().resolve()
+    return Path(folder).resolve() in (path, *path.parents)
+
+
 def recorded_wandb_id(folder: str | Path | None) -> str | None:
     """The run folder's W&B id if it has one (nothing is created)."""
     path = Path(folder) / WANDB_ID if folder else None
@@ -152,11 +174,12 @@ def resumable(key: str) -> bool:
 
 def continue_run(argv: list[str]) -> list[str]:
     """``train.py``'s command line for ``ckpt_path=RUN``: the run's own overrides, then the new ones (a key given
-    again takes the new value), and ``hydra.run.dir=RUN`` so that the resumed run writes into its folder and
-    continues its W&B run. Other command lines (no ckpt_path, a checkpoint outside a run folder, ``-m``) are
-    returned as they are. A new override of the corpus or its tokens, or of a setting a resume keeps (not in
-    :data:`RESUMABLE`), is refused in one sentence. With ``train=false`` (test the run's newest checkpoint) the run's
-    settings are read but nothing is written into RUN: the test gets a folder of its own."""
+    again takes the new value; ``overwrite``, which acted on the run's start, is left out), and ``hydra.run.dir=RUN``
+    so that the resumed run writes into its folder and continues its W&B run. Other command lines (no ckpt_path, a
+    checkpoint outside a run folder, ``-m``) are returned as they are. A new override of the corpus or its tokens,
+    or of a setting a resume keeps (not in :data:`RESUMABLE`), is refused in one sentence. With ``train=false``
+    (test the run's newest checkpoint) the run's settings are read but nothing is written into RUN: the test gets a
+    folder of its own."""
     if any(a in ("-m", "--multirun") or a.startswith("-") for a in argv):
         return argv
     try:
@@ -190,7 +213,7 @@ def continue_run(argv: list[str]) -> list[str]:
                 f"run from the run's weights with init_from={ckpt}")
     given = {(o.key_or_group, o.package) for o in new}
     kept = [line for line, o in zip(old, _parsed(old), strict=True)
-            if (o.key_or_group, o.package) not in given and o.key_or_group not in ("hydra.run.dir", "ckpt_path")]
+            if (o.key_or_group, o.package) not in given and o.key_or_group not in NOT_CARRIED]
     if testing or ("hydra.run.dir", None) in given:
         return [*kept, *argv]
     return [*kept, *argv, f"hydra.run.dir='{folder}'"]
