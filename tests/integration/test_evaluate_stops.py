@@ -16,6 +16,7 @@ from tests.conftest import run_hydra_main
 from tests.helpers.paths import ROOT
 from tests.integration.test_evaluate import compose_eval, eval_overrides, trained  # noqa: F401 (a fixture)
 from xl.evaluate import evaluate
+from xl.training.eval_results import Progress, stopped_sentence
 from xl.training.signals import exit_status
 
 BATCHES = ("trainer.limit_val_batches=3", "trainer.limit_test_batches=3")
@@ -130,3 +131,14 @@ def test_sigterm_from_outside_ends_the_command_with_143(trained, corpus, tmp_pat
                                              f"{out / 'results.json'}, marked incomplete: run the command again to "
                                              "score every split")
     assert json.loads((out / "results.json").read_text())["complete"] is False
+
+
+def test_the_sentence_says_where_the_evaluation_stopped_and_what_it_kept(tmp_path):
+    path = tmp_path / "results.json"
+    assert stopped_sentence("SIGTERM", Progress()) == ("stopped by SIGTERM before scoring began; nothing was written: "
+                                                       "run the command again")
+    assert stopped_sentence("SIGINT", Progress(finished=["val"], written=path)) == (
+        f"stopped by SIGINT after scoring val; val is kept in {path}, marked incomplete: run the command again to "
+        "score every split")
+    assert stopped_sentence("SIGUSR1", Progress(finished=["val", "test"], written=path, complete=True)) == (
+        f"stopped by SIGUSR1 after every split was scored; the results are complete in {path}")

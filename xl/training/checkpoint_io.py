@@ -91,7 +91,7 @@ def save_atomically(state: Any, path: Path) -> None:
             raise
         os.replace(name, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # (a folder turned read-only keeps it: remove_partial removes it later)
             os.unlink(name)
         raise
     sync_folder(path.parent)
