@@ -19,6 +19,10 @@ full memory. ``vanilla=true`` is the paper's baseline
 Documents: ``memory.doc_boundaries`` (null: the checkpoint's) says whether a token sees earlier documents.
 ``per_document=true`` also reports the figure per document (how many, and their mean, each document weighing
 the same) and by position in document (0-31, 32-127, 128-511, 512+), which shows the cost of a cold start.
+
+A signal (SIGTERM, Ctrl+C, SIGUSR1) stops the command with one sentence and the exit status 128 + the signal's
+number (:mod:`xl.training.signals`); ``results.json`` keeps the splits finished before it, marked ``"complete":
+false``. Under ``-m`` the sweep stops at the job under way.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import Tensor
 
@@ -46,9 +52,20 @@ from xl.model.transformer import TransformerXL
 from xl.training.build import ConfigError, build_datamodule, check_device, make_trainer
 from xl.training.checkpoint import Checkpoint, describe_corpus
 from xl.training.console import errors_logged, quiet_warnings
-from xl.training.eval_results import describe, format_table, log_results, record, scored_corpus, write_results
+from xl.training.eval_results import (
+    Progress,
+    describe,
+    format_table,
+    log_results,
+    record,
+    scored_corpus,
+    stopped_sentence,
+    write_results,
+)
 from xl.training.module import XLLitModule
 from xl.training.runs import find_run_folder, run_data, use_run_data
+from xl.training.signals import Stopped, end_stopped, stop_on_signals
+from xl.training.stops import close_progress_bars
 
 log = logging.getLogger("evaluate")
 CONTEXT_KEYS = {f.name for f in dataclasses.fields(EvalContextSchema)}  # memory's keys that every variant shares
@@ -309,7 +326,29 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     """``{split: {"<split>/loss", "<split>/<bpb|bpc|ppl>", "<split>/bpb", "<split>/tokens", "<split>/tok_s"}}`` for
     val and test, and ``<split>/unk_share`` for a tokenizer with ``<unk>`` (:mod:`xl.training.metrics`);
     with ``per_document``, also ``<split>/docs``, ``<split>/doc_mean_<unit>`` and ``<split>/pos_<range>_<unit>``.
-    Also written to ``results.json`` in ``paths.output_dir`` and logged to W&B (with ``logger=wandb``)."""
+    Also written to ``results.json`` in ``paths.output_dir`` and logged to W&B (with ``logger=wandb``). A signal
+    ends the command (:func:`xl.training.signals.end_stopped`), keeping the splits finished in ``results.json``."""
+    progress = Progress()
+    with stop_on_signals():
+        try:
+            return scored(cfg, progress)
+        except Stopped as stop:
+            trainer = progress.trainer
+            if trainer is not None:
+                close_progress_bars(trainer)
+            end_stopped(stop, stopped_sentence(stop.name, progress) + sweep_note(),
+                        say=trainer is None or trainer.is_global_zero)
+
+
+def sweep_note() -> str:
+    """Under ``-m``: which job of the sweep the stop came in."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return ""
+    return f" (the sweep stops at its job {HydraConfig.get().job.num})"
+
+
+def scored(cfg: DictConfig, progress: Progress) -> dict[str, dict[str, float]]:
+    """:func:`evaluate`'s work; ``progress`` follows it."""
     check_evaluate_config(cfg)
     check_device(cfg)
     L.seed_everything(cfg.seed, verbose=False)
@@ -328,14 +367,18 @@ def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     note = corpus_note(checkpoint, datamodule, from_run is not None)
     module = build_evaluator(cfg, checkpoint, datamodule, model)
     del checkpoint  # the weights are in the module now; free the optimizer state before evaluating
-    trainer = make_trainer(cfg, logger=False, callbacks=[])
+    trainer = progress.trainer = make_trainer(cfg, logger=False, callbacks=[])
     results = {}
+    corpus = scored_corpus(datamodule, list(cfg.splits))
     for split in cfg.splits:
         run = {"val": trainer.validate, "test": trainer.test}[split]
+        progress.scoring = split
         (results[split],) = run(module, datamodule=datamodule, verbose=False)
-    corpus = scored_corpus(datamodule, list(cfg.splits))
-    values = record(module, datamodule, results, about, corpus, from_run is not None)
-    written = write_results(cfg.paths.output_dir, values)
+        complete = len(results) == len(cfg.splits)
+        values = record(module, datamodule, results, about, corpus, from_run is not None, complete)
+        written = write_results(cfg.paths.output_dir, values)
+        progress.written, progress.finished, progress.complete = written, list(results), complete
+        progress.scoring = None
     logged = log_results(cfg, values)
     log.info("evaluation\n  %s\n%s\n  results: %s%s", describe(module, about["path"], about["step"], datamodule, corpus,
                                                            note, segments),

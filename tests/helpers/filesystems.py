@@ -11,6 +11,8 @@ Trainer run through the project's checkpoint writer:
 - ``full``: the run folder on a tmpfs that the run fills up while it rewrites ``last.ckpt`` (its second checkpoint
   is a little larger than the first), through ``train.fit_and_test``, whose closing sentence is recorded.
 - ``full_first``: the same, but the disk is full before the first checkpoint.
+- ``readonly``: the run's ``checkpoints/`` on a tmpfs that turns read-only before the run's second checkpoint, through
+  ``train.fit_and_test``, whose closing sentence is recorded.
 - ``full_wandb``: ``python train.py`` with the W&B logger (run in this process) on a disk too small for one
   checkpoint: its closing sentence and ``train.log``.
 
@@ -60,10 +62,12 @@ def fill(folder: Path) -> None:
 
 class Pad(L.Callback):
     """Pads each checkpoint; ``fill_at``: before the checkpoint with that number (1, 2, ...) fill the run folder's disk;
-    ``notify``: a file descriptor told the number of each checkpoint about to be written."""
+    ``readonly_at``: before that checkpoint, remount ``folder`` read-only; ``notify``: a file descriptor told the
+    number of each checkpoint about to be written."""
 
-    def __init__(self, fill_at: int | None = None, folder: str | None = None, notify: int | None = None) -> None:
-        self.count, self.fill_at, self.notify = 0, fill_at, notify
+    def __init__(self, fill_at: int | None = None, folder: str | None = None, notify: int | None = None,
+                 readonly_at: int | None = None) -> None:
+        self.count, self.fill_at, self.notify, self.readonly_at = 0, fill_at, notify, readonly_at
         self.folder = Path(folder) if folder else None
 
     def on_save_checkpoint(self, trainer: L.Trainer, module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
@@ -72,6 +76,8 @@ class Pad(L.Callback):
         checkpoint["padding"] = torch.zeros(PAD + grow, dtype=torch.uint8)
         if self.count == self.fill_at:
             fill(self.folder)
+        if self.count == self.readonly_at:
+            subprocess.run(["mount", "-o", "remount,ro", str(self.folder)], check=True)
         if self.notify is not None:
             os.write(self.notify, bytes([self.count]))
 
@@ -179,6 +185,17 @@ def full(corpus: dict[str, Path], work: Path, fill_at: int) -> dict[str, Any]:
     return {"message": message, "checkpoints": files(run / "checkpoints"), **resumable(run)}
 
 
+def readonly(corpus: dict[str, Path], work: Path) -> dict[str, Any]:
+    """The run's checkpoints/ turns read-only before its second checkpoint; train.py's closing sentence is kept."""
+    from xl import train
+
+    run = work / "readonly" / "run"
+    folder = mount_tmpfs(run / "checkpoints", "64m")
+    cfg = config(corpus, work, run, readonly_at=2, folder=folder)
+    message = outcome(lambda: train.fit_and_test(cfg) and None)
+    return {"message": message, "checkpoints": files(folder), **resumable(run)}
+
+
 def full_wandb(corpus: dict[str, Path], work: Path) -> dict[str, Any]:
     """``python train.py`` (in this process) with the W&B logger, on a disk too small for the first checkpoint."""
     from tests.conftest import tiny_overrides
@@ -202,7 +219,8 @@ def main() -> None:
     report, times = {}, {}
     scenarios = {"kill": lambda: kill(corpus, work),  # first: the training process is forked before this one trains
                  "small_tmpdir": lambda: small_tmpdir(corpus, work), "full": lambda: full(corpus, work, fill_at=2),
-                 "full_first": lambda: full(corpus, work, fill_at=1), "full_wandb": lambda: full_wandb(corpus, work)}
+                 "full_first": lambda: full(corpus, work, fill_at=1), "readonly": lambda: readonly(corpus, work),
+                 "full_wandb": lambda: full_wandb(corpus, work)}
     for name, scenario in scenarios.items():
         if name not in chosen if chosen else name == "full_wandb":
             continue

@@ -86,6 +86,52 @@ def test_a_full_disk_before_the_first_checkpoint_says_there_is_none(report):
                                 "complete checkpoint was written; free space and run the command again")
 
 
+def test_a_read_only_checkpoint_folder_ends_the_run_in_one_sentence(report):
+    """checkpoints/ turns read-only mid-run (a real remount): the write ended in a raw OSError traceback; now the run
+    ends with a sentence naming the folder, the cause and what is kept, and no partial file is left."""
+    readonly = report["readonly"]
+    assert readonly["path"] == "last.ckpt" and readonly["step"] == 2
+    assert list(readonly["checkpoints"]) == ["last.ckpt"]
+    assert re.fullmatch(r"error: cannot write checkpoints to (\S+)/checkpoints \(Read-only file system\); the "
+                        r"last complete checkpoint, \1/checkpoints/last.ckpt \(step 2\), is intact; make the folder "
+                        r"writable and resume with: python train.py ckpt_path=\1", readonly["message"]), \
+        readonly["message"]
+
+
+def test_a_checkpoint_write_refused_by_permissions_is_said_in_train_log(tmp_path, corpus, monkeypatch):
+    """EACCES at the checkpoint writer (tests run as root, where chmod stops no write: the error is injected at
+    the writer's save): one sentence on the console and in train.log, the previous checkpoint intact."""
+    import errno
+
+    from tests.conftest import run_hydra_main
+    from xl import train
+    from xl.training import checkpoint_io
+
+    saves, save = [], checkpoint_io.save_atomically
+
+    def refused(state, path):
+        saves.append(path)
+        if len(saves) > 1:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        save(state, path)
+
+    monkeypatch.setattr(checkpoint_io, "save_atomically", refused)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    overrides = [o for o in tiny_overrides(tmp_path, corpus) if not o.startswith("paths.output_dir")]
+    with pytest.raises(SystemExit) as stop:
+        run_hydra_main(train.main, ["train.py", *overrides, f"hydra.run.dir={run}", "trainer.max_steps=6",
+                                    "callbacks.model_checkpoint.monitor=null",
+                                    "callbacks.model_checkpoint.every_n_train_steps=2",
+                                    "callbacks.model_checkpoint.save_top_k=0"], monkeypatch)
+    sentence = (f"error: cannot write checkpoints to {run}/checkpoints (Permission denied); the last complete "
+                f"checkpoint, {run}/checkpoints/last.ckpt (step 2), is intact; make the folder writable and resume "
+                f"with: python train.py ckpt_path={run}")
+    assert stop.value.code == sentence
+    assert (run / "train.log").read_text().rstrip().endswith(sentence)
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["last.ckpt"]
+
+
 @pytest.mark.slow
 def test_a_full_disk_with_the_wandb_logger_ends_in_the_sentence_alone(corpus, tmp_path):
     """W&B's own log file is on the full disk too: its writes failed with a '--- Logging error ---' traceback after

@@ -4,8 +4,11 @@ back into a run folder (python -m xl.convert) that train.py init_from= fine-tune
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -21,6 +24,7 @@ from xl.data.tokenizers import WordTokenizer, fingerprint
 from xl.hub import PretrainedXL
 from xl.training.build import build_run
 from xl.training.checkpoint import Checkpoint, CheckpointError
+from xl.training.run_folder import new_folder
 from xl.training.runs import TrainedRun
 
 DOCS = ROOT / "docs" / "sharing.md"
@@ -154,3 +158,55 @@ def test_the_python_of_the_sharing_page_runs(run, shared, tmp_path, monkeypatch,
         exec(compile(block.replace('"RUN"', json.dumps(str(run))), str(DOCS), "exec"), {})
     assert capsys.readouterr().out  # the continuation was printed (newlines, from a model trained 2 steps)
     assert PretrainedXL.from_pretrained(tmp_path / "shared-again").tokenizer is not None
+
+
+KILLED_EXPORT = """
+import sys
+import xl.export
+from xl.hub import PretrainedXL
+
+save = PretrainedXL.save_pretrained
+
+def save_and_wait(self, folder, *args, **kwargs):
+    save(self, folder, *args, **kwargs)
+    print("staged:", folder, flush=True)
+    sys.stdin.read()  # killed here: the model is staged in full, not yet renamed into place
+
+PretrainedXL.save_pretrained = save_and_wait
+sys.argv = ["xl.export", *sys.argv[1:]]
+xl.export.main()
+"""
+
+
+class LiveExportFails(Exception):
+    pass
+
+
+def test_a_killed_exports_staging_folder_is_removed_by_the_next_run_and_a_live_ones_is_kept(run, tmp_path,
+                                                                                          monkeypatch):
+    """A killed xl.export left .OUT.*.tmp/ (a full weights file) that no rerun removed; now the next export to OUT
+    removes it, while the staging folder of an export still under way (held by a live process) is kept."""
+    out = tmp_path / "model"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    child = subprocess.Popen([sys.executable, "-c", KILLED_EXPORT, f"ckpt={run}", f"out={out}",
+                              f"hydra.run.dir={tmp_path / 'h1'}"], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    line = ""
+    while not line.startswith("staged: "):
+        line = child.stdout.readline()
+        assert line, f"the export ended before it staged its files (rc {child.wait()})"
+    killed = Path(line.removeprefix("staged: ").strip())
+    child.kill()
+    child.wait()
+    child.stdout.close()
+    child.stdin.close()
+    assert killed.parent == tmp_path and (killed / "model.safetensors").is_file(), "what the kill leaves"
+    with pytest.raises(LiveExportFails), new_folder(out) as live:  # another export to OUT, under way
+        (live / "model.safetensors").write_bytes(b"partly written")
+        run_hydra_main(xl.export.main, ["xl.export", f"ckpt={run}", f"out={out}", f"hydra.run.dir={tmp_path / 'h2'}"],
+                       monkeypatch)
+        assert not killed.exists(), "the killed export's staging folder is removed"
+        assert (live / "model.safetensors").read_bytes() == b"partly written", "the live one's is kept"
+        raise LiveExportFails  # (its own failure removes it)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    assert (out / "model.safetensors").is_file()

@@ -7,6 +7,8 @@ every save. :class:`AtomicCheckpointIO`, a Lightning ``CheckpointIO`` plugin, wr
 flushes it to the disk (fsync) and renames it into place (``os.replace``, atomic within one filesystem), then syncs
 the folder so that the rename itself survives a crash. A failure removes the temporary; one that a kill leaves is
 removed by :func:`remove_partial` when the run starts again. Remote paths (``s3://``, ...) keep Lightning's writer.
+A local write or removal that fails raises :class:`CheckpointWriteError`, which names the folder
+(:mod:`xl.training.stops` turns it into the run's closing sentence).
 """
 
 from __future__ import annotations
@@ -25,6 +27,15 @@ from lightning.pytorch.plugins import TorchCheckpointIO
 
 log = logging.getLogger(__name__)
 PARTIAL = ".partial"  # a checkpoint being written: ``.<name>.<random>.partial`` beside ``<name>``
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint that could not be written into (or removed from) its folder: the ``OSError``'s errno and cause,
+    with the folder as ``filename``."""
+
+
+def write_error(err: OSError, path: Any) -> CheckpointWriteError:
+    return CheckpointWriteError(err.errno, err.strerror or str(err), str(Path(path).parent))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -48,7 +59,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or not isinstance(url_to_fs(str(path))[0], LocalFileSystem):
             super().save_checkpoint(checkpoint, path, storage_options)  # Lightning's refusal, or a remote store
             return
-        save_atomically(checkpoint, Path(path))
+        try:
+            save_atomically(checkpoint, Path(path))
+        except OSError as err:
+            raise write_error(err, path) from err
+
+    def remove_checkpoint(self, path: Any) -> None:
+        try:
+            super().remove_checkpoint(path)
+        except OSError as err:
+            if not isinstance(url_to_fs(str(path))[0], LocalFileSystem):
+                raise
+            raise write_error(err, path) from err
 
 
 def save_atomically(state: Any, path: Path) -> None:
@@ -69,7 +91,7 @@ def save_atomically(state: Any, path: Path) -> None:
             raise
         os.replace(name, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # (a folder turned read-only keeps it: remove_partial removes it later)
             os.unlink(name)
         raise
     sync_folder(path.parent)

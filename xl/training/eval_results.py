@@ -5,10 +5,14 @@ the form a training job's ``results.json`` has (:mod:`xl.training.sweep` gathers
 settings ends with the same summary table and plot as a training sweep. W&B: into the evaluated run's own W&B run
 when its folder records the id (resumed offline; metrics under ``evaluate/``, at the checkpoint's step, and one
 table row of context and metrics), else into a new run of job type ``evaluate``.
+
+``results.json`` is written again as each split finishes, with ``"complete": false`` until the last one: an
+evaluation stopped by a signal (or killed) keeps the splits it finished, and :func:`stopped_sentence` says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +72,15 @@ def format_table(results: dict[str, dict[str, float]], unit: str) -> str:
 
 
 def record(module: Any, datamodule: Any, results: dict[str, dict[str, float]], checkpoint: dict[str, Any],
-           corpus: dict[str, str], run_data: bool) -> dict[str, Any]:
+           corpus: dict[str, str], run_data: bool, complete: bool = True) -> dict[str, Any]:
     """One evaluation as ``results.json`` holds it: context and cost first (the sweep summary's columns), then the
-    metrics of every split."""
+    metrics of every split scored; ``complete``: whether every split asked for is among them."""
     cfg, c = module.config, module.eval_context
     dtype = next(module.parameters()).dtype
     values: dict[str, Any] = {
         "ckpt": checkpoint["path"], "step": checkpoint["step"], "run": checkpoint["run"], "corpus": corpus,
-        "run_data": run_data, "mem_len": cfg.mem_len, "eval_mem_len": c["mem_len"], "clamp_len": c["clamp_len"],
-        "same_length": c["same_length"], "memory": settings.describe(cfg.memory),
+        "run_data": run_data, "complete": complete, "mem_len": cfg.mem_len, "eval_mem_len": c["mem_len"],
+        "clamp_len": c["clamp_len"], "same_length": c["same_length"], "memory": settings.describe(cfg.memory),
         "doc_boundaries": module.doc_boundaries, "scored": getattr(datamodule, "scored", "every token"),
         "warmup": module.warmup, "vanilla": module.attn_len is not None,
         "attn_len": module.attn_len, "tgt_len": datamodule.eval_tgt_len, "batch_size": datamodule.eval_batch_size,
@@ -92,6 +96,32 @@ def write_results(output_dir: str | Path, values: dict[str, Any]) -> Path:
     path = Path(output_dir) / RESULTS_FILE
     write_json(path, values)
     return path
+
+
+@dataclasses.dataclass
+class Progress:
+    """How far an evaluation got: the split being scored, the splits finished and the file that holds them."""
+
+    scoring: str | None = None
+    finished: list[str] = dataclasses.field(default_factory=list)
+    written: Path | None = None
+    complete: bool = False
+    trainer: Any = None  # once built: its progress bars are closed before the closing sentence
+
+
+def stopped_sentence(signal_name: str, progress: Progress) -> str:
+    """What an evaluation that a signal stopped says: where it was, and what it kept."""
+    stopped = f"stopped by {signal_name}"
+    if progress.complete:
+        return f"{stopped} after every split was scored; the results are complete in {progress.written}"
+    where = f"while scoring {progress.scoring}" if progress.scoring else "before scoring began"
+    if not progress.finished:
+        finished = ", before any split was finished" if progress.scoring else ""
+        return f"{stopped} {where}{finished}; nothing was written: run the command again"
+    if not progress.scoring:
+        where = f"after scoring {', '.join(progress.finished)}"
+    return (f"{stopped} {where}; {', '.join(progress.finished)} {'is' if len(progress.finished) == 1 else 'are'} "
+            f"kept in {progress.written}, marked incomplete: run the command again to score every split")
 
 
 def log_results(cfg: DictConfig, values: dict[str, Any]) -> str | None:

@@ -2,9 +2,10 @@
 continues from (or says that there is none) and gives the command that goes on.
 
 :func:`stopping` wraps ``trainer.fit`` and ``trainer.test``: a signal (Lightning's ``SIGTERMException``, see
-:class:`xl.training.callbacks.PreemptionCheckpoint`), a full disk and too many non-finite steps end the command with
-``error: <sentence>`` and exit status 1. The sentence is the last line on the terminal (the progress bars are
-closed first) and is written to the run's log file (``train.log``) too.
+:class:`xl.training.callbacks.PreemptionCheckpoint`), a full disk, a checkpoint folder that refuses writes
+(read-only, no permission: :class:`xl.training.checkpoint_io.CheckpointWriteError`) and too many non-finite steps end
+the command with ``error: <sentence>`` and exit status 1. The sentence is the last line on the terminal (the progress
+bars are closed first) and is written to the run's log file (``train.log``) too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from xl.training.callbacks import PreemptionCheckpoint
 from xl.training.checkpoint import Checkpoint, CheckpointError, newest_checkpoint
+from xl.training.checkpoint_io import CheckpointWriteError
 from xl.training.console import to_log_files
 from xl.training.nonfinite import NonFiniteError
 
@@ -84,6 +86,16 @@ def full_disk_sentence(err: OSError, run_dir: Path) -> str:
             "space and run the command again")
 
 
+def unwritable_sentence(err: CheckpointWriteError, run_dir: Path) -> str:
+    """A checkpoint folder that refuses writes for another reason than a full disk (read-only, no permission)."""
+    where = f"cannot write checkpoints to {err.filename} ({err.strerror})"
+    intact = kept(run_dir)
+    if intact:
+        return f"{where}; {intact}; make the folder writable and resume with: {resume_command(run_dir)}"
+    return (f"{where} before the first complete checkpoint was written; make the folder writable and run the command "
+            "again")
+
+
 def nonfinite_sentence(err: NonFiniteError, run_dir: Path) -> str:
     intact = kept(run_dir)
     return f"{err}; " + (f"{intact}" if intact else "no checkpoint was written")
@@ -122,7 +134,8 @@ def end(trainer: L.Trainer, sentence: str, preempted: bool = False) -> None:
 
 @contextlib.contextmanager
 def stopping(trainer: L.Trainer, run_dir: str | Path) -> Iterator[None]:
-    """Turn a stop by a signal, a full disk or non-finite steps into the run's closing sentence."""
+    """Turn a stop by a signal, a full disk, a checkpoint folder that refuses writes or non-finite steps into the run's
+    closing sentence."""
     folder = Path(run_dir)
     try:
         yield
@@ -132,6 +145,8 @@ def stopping(trainer: L.Trainer, run_dir: str | Path) -> Iterator[None]:
         callback = next((c for c in trainer.callbacks if isinstance(c, PreemptionCheckpoint)), None)
         end(trainer, signal_sentence(callback, folder), preempted=True)
     except OSError as err:
+        if isinstance(err, CheckpointWriteError) and err.errno not in FULL:
+            end(trainer, unwritable_sentence(err, folder))
         if err.errno not in FULL:
             raise
         logging.raiseExceptions = False  # a library's log file on the full disk: no traceback after the sentence
