@@ -95,7 +95,9 @@ class BabilongSource:
             yield next(streams[i % len(streams)])
 
     def texts(self, split: str) -> Iterator[str]:
-        return (piece[1] for piece in self.documents(split))
+        yield from (s.prompt + s.answer for s in self.samples(split))
+        if self.stream is not None and split == "train":
+            yield from self.stream.pool_texts()
 
     def documents(self, split: str) -> Iterator[Piece]:
         for sample in self.samples(split):
