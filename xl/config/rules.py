@@ -131,7 +131,19 @@ def check_trainer(cfg: DictConfig) -> None:
         for name, node in (cfg.get(group) or {}).items():
             check_arguments(node, f"{group}.{name}")
     check_monitors(cfg.get("callbacks"), cfg.data.tokenizer)
+    check_endless(cfg)
     check_compile(cfg.compile)
+
+
+def check_endless(cfg: DictConfig) -> None:
+    """A training split made while training (``data.train_samples=stream``) has no end to take a fraction of."""
+    if cfg.data.get("train_samples") != "stream":
+        return
+    for key in ("limit_train_batches", "val_check_interval"):
+        value = cfg.trainer.get(key)
+        if isinstance(value, float) and not (key == "limit_train_batches" and value == 1.0):
+            raise ValueError(f"trainer.{key} must be a count of segments with data.train_samples=stream, whose "
+                             f"epoch never ends; got {value!r}")
 
 
 def check_arguments(node: Any, key: str) -> None:

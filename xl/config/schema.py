@@ -33,6 +33,7 @@ TOKENIZERS = ("byte", "char", "word", "bpe", "unigram")  # xl.data.tokenizers.TO
 # xl.training.footprint's, likewise
 PRECISIONS = ("64-true", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+STREAM = "stream"  # xl.data.babilong.generated.STREAM, likewise
 BATCHES = Bound("a count >= 0 or a fraction in [0, 1]",
                 lambda v: (is_int(v) and v >= 0) or (isinstance(v, float) and 0.0 <= v <= 1.0))
 
@@ -137,7 +138,9 @@ class BabilongDataSchema(DataSchema):
         f"a list of {', '.join(BABILONG_TASKS)}", lambda v: len(v) > 0 and all(t in BABILONG_TASKS for t in v)))
     length: Any = setting("1k", bound=Bound(LENGTH_WORDS, is_length),
                           help="tokens of each sample's context (facts and background); the question follows")
-    train_samples: int = setting(2000, bound=POSITIVE, help="samples of the train split")
+    train_samples: Any = setting(2000, bound=POSITIVE | one_of(STREAM, words=STREAM),
+                                 help="samples of the train split; stream: new samples made while training, an "
+                                      "endless seeded stream (val and test stay cached)")
     eval_samples: int = setting(200, bound=POSITIVE, help="samples of the val and of the test split")
     seed: int = setting(0, bound=COUNT, help="which stories and background positions")
     loss: str = setting("answer", bound=one_of("answer", "all", words="answer or all"),

@@ -4,7 +4,9 @@
 qa2, qa1, ...), each one document: with ``memory.doc_boundaries=reset`` (the default) the memory starts empty at
 every sample, as BABILong reads each one. ``data.loss=answer`` (the default) scores only the answer's tokens (the
 targets of every other position are the loss's ignore index, so the metrics, and ``results.json``'s ``scored``,
-count the answers alone); ``all`` scores every token, context included.
+count the answers alone); ``all`` scores every token, context included. ``data.train_samples=stream`` makes the
+train split while training, an endless stream of new samples (:mod:`xl.data.babilong.generated`); val and test
+stay in the token cache.
 
 Lengths count the model's own tokens, so the samples depend on the tokenizer: byte, char and word tokens are
 counted as the tokenizer will give them before it has seen any text; a subword vocabulary must be read from
@@ -21,12 +23,21 @@ from typing import Any
 import numpy as np
 
 from xl.data.babilong.background import MAX_UNIT_TOKENS, Sentences
+from xl.data.babilong.generated import (
+    STREAM,
+    VOCABULARY_ROW,
+    VOCABULARY_SAMPLES,
+    GeneratedLoader,
+    SampleStream,
+    encode_sample,
+)
 from xl.data.babilong.lengths import parse_length
 from xl.data.babilong.samples import Sample, samples
 from xl.data.babilong.tasks import TASKS
 from xl.data.datamodule import SegmentDataModule
 from xl.data.errors import DataError
 from xl.data.sources import Piece, Source
+from xl.data.stream import SegmentLoader
 from xl.data.tokenizers import SubwordTokenizer, Tokenizer, make_tokenizer
 
 LOSSES = ("answer", "all")
@@ -51,36 +62,49 @@ def check_tasks(tasks: Sequence[str], setting: str = "data.tasks") -> list[str]:
 
 class BabilongSource:
     """The samples of ``tasks`` at ``length`` tokens (counted by ``count``), ``sizes[split]`` per split, as a data
-    source: each sample one document, its answer a piece of its own marked as the answer (``(False, text, True)``)."""
+    source: each sample one document, its answer a piece of its own marked as the answer (``(False, text, True)``).
+    With ``stream`` the train split is made while training; the cache's train split then holds what its vocabulary
+    is fitted on: the stream's first ``VOCABULARY_SAMPLES`` samples of a row no loader reads, and its background
+    pool as one document."""
 
     def __init__(self, background: Source, tasks: Sequence[str], length: int, sizes: dict[str, int], seed: int,
-                 count: Callable[[str], int], tokenizer_key: str) -> None:
+                 count: Callable[[str], int], tokenizer_key: str, stream: SampleStream | None = None) -> None:
         self.background, self.tasks, self.length = background, list(tasks), length
         self.sizes, self.seed, self.count, self.tokenizer_key = sizes, seed, count, tokenizer_key
+        self.stream = stream
 
     def identity(self) -> str:
+        stream = None if self.stream is None else [VOCABULARY_SAMPLES, self.stream.pool_tokens]
         spec = json.dumps([VERSION, self.tasks, self.length, self.sizes, self.seed, self.background.identity(),
-                           self.tokenizer_key, MAX_UNIT_TOKENS])
+                           self.tokenizer_key, MAX_UNIT_TOKENS, *([stream] if stream else [])])
         return "babilong-" + hashlib.sha256(spec.encode()).hexdigest()[:16]
 
     def setting(self, split: str) -> str:
-        return (f"data=babilong ({split} split: {self.sizes[split]} samples of {'+'.join(self.tasks)} at "
+        size = "endless" if self.stream is not None and split == "train" else self.sizes[split]
+        return (f"data=babilong ({split} split: {size} samples of {'+'.join(self.tasks)} at "
                 f"{self.length} tokens, background {self.background.setting(split)})")
 
     def samples(self, split: str) -> Iterator[Sample]:
         """The split's samples, the tasks in turn, the background read once in order across them."""
+        if self.stream is not None and split == "train":
+            yield from (self.stream.sample(VOCABULARY_ROW, j) for j in range(VOCABULARY_SAMPLES))
+            return
         background = Sentences(self.background, split, self.count)
         streams = [samples(task, self.length, split, self.seed, background, self.count) for task in self.tasks]
         for i in range(self.sizes[split]):
             yield next(streams[i % len(streams)])
 
     def texts(self, split: str) -> Iterator[str]:
-        return (s.prompt + s.answer for s in self.samples(split))
+        yield from (s.prompt + s.answer for s in self.samples(split))
+        if self.stream is not None and split == "train":
+            yield from self.stream.pool_texts()
 
     def documents(self, split: str) -> Iterator[Piece]:
         for sample in self.samples(split):
             yield True, sample.prompt
             yield False, sample.answer, True
+        if self.stream is not None and split == "train" and self.stream.pool is not None:
+            yield True, "".join(self.stream.pool_texts())
 
 
 class BabilongDataModule(SegmentDataModule):
@@ -88,7 +112,7 @@ class BabilongDataModule(SegmentDataModule):
     (``xl.data.SegmentDataModule``'s settings), with the answer-only loss of ``loss=answer``."""
 
     def __init__(self, background: Source, tasks: Sequence[str] = ("qa1",), length: int | str = "1k",
-                 train_samples: int = 2000, eval_samples: int = 200, seed: int = 0, loss: str = "answer",
+                 train_samples: int | str = 2000, eval_samples: int = 200, seed: int = 0, loss: str = "answer",
                  **kwargs: Any) -> None:
         tasks = check_tasks(tasks)
         try:
@@ -96,8 +120,9 @@ class BabilongDataModule(SegmentDataModule):
         except ValueError as err:
             raise DataError(f"data.length: {err}") from None
         for key, value in (("train_samples", train_samples), ("eval_samples", eval_samples)):
-            if not isinstance(value, int) or value < 1:
-                raise DataError(f"data.{key} must be a whole number >= 1, got {value!r}")
+            if (not isinstance(value, int) or value < 1) and not (key == "train_samples" and value == STREAM):
+                more = f" or {STREAM}" if key == "train_samples" else ""
+                raise DataError(f"data.{key} must be a whole number >= 1{more}, got {value!r}")
         if loss not in LOSSES:
             raise DataError(f"data.loss must be answer (the answer's tokens only) or all (every token), got {loss!r}")
         if kwargs.get("doc_sep") is not None:
@@ -110,9 +135,23 @@ class BabilongDataModule(SegmentDataModule):
                             "vocabulary fitted on the samples cannot give before they exist; set data.tokenizer_file "
                             "to a tokenizer.json, or data.tokenizer=byte, char or word")
         sizes = {"train": train_samples, "val": eval_samples, "test": eval_samples}
-        source = BabilongSource(background, tasks, tokens, sizes, seed, token_counter(tokenizer), tokenizer.key())
+        count = token_counter(tokenizer)
+        self.stream = SampleStream(background, tasks, tokens, seed, count) if train_samples == STREAM else None
+        if self.stream is not None:
+            sizes["train"] = VOCABULARY_SAMPLES
+        source = BabilongSource(background, tasks, tokens, sizes, seed, count, tokenizer.key(), self.stream)
         super().__init__(source, **kwargs)
         self.loss = loss
+
+    def _make_loader(self, split: str) -> SegmentLoader | GeneratedLoader:
+        """The cached split's loader, or for a stream's train split one that makes its samples as it reads them,
+        encoded with the cache's fitted tokenizer."""
+        if split != "train" or self.stream is None:
+            return super()._make_loader(split)
+        world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        tokenizer, stream = self.cache.tokenizer, self.stream
+        return GeneratedLoader(lambda row, j: encode_sample(stream.sample(row, j), tokenizer), self.batch_size,
+                               self.tgt_len, rank, world_size, scored=self.loss == "answer")
 
     @property
     def scored(self) -> str:
