@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.bounds import is_int, schema_bounds, shown
+from xl.config.curriculum import check_curriculum
 from xl.memory import settings
 from xl.memory.settings import MEM_DTYPE_NAMES, MemoryConfig
 from xl.training import cpu
@@ -132,6 +133,10 @@ def check_trainer(cfg: DictConfig) -> None:
             check_arguments(node, f"{group}.{name}")
     check_monitors(cfg.get("callbacks"), cfg.data.tokenizer)
     check_endless(cfg)
+    if cfg.get("curriculum") is not None:
+        from xl.training.metrics import logged_metrics
+
+        check_curriculum(cfg, [m for m in logged_metrics(cfg.data.tokenizer) if m.startswith("val/")])
     check_compile(cfg.compile)
 
 

@@ -219,6 +219,9 @@ class TrainSchema:
     ckpt_path: str | None = setting(None, help="resume (or, with train=false, test) this checkpoint or run folder "
                                                "(its newest complete checkpoint)")
     init_from: str | None = setting(None, help="start a new run from this run's (or converted model's) weights")
+    curriculum: Any = setting(None, help="stages over data.length and data.tasks, each from the last one's weights, "
+                                         "each ending after its steps or when its metric passes below/above "
+                                         "(docs/babilong.md)")
     overwrite: bool = setting(False, help="a new run into a folder that holds another run: empty the folder first")
     max_nonfinite_steps: int = setting(5, bound=POSITIVE, help="skipped non-finite steps in a row that stop the run")
     run_name: str | None = setting(None, help="null: the command-line overrides (or default)")

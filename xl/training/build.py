@@ -32,6 +32,7 @@ from xl.model.config import XLConfig
 from xl.training.checkpoint import XL_KEY, Checkpoint, CheckpointError, check_compatible
 from xl.training.checkpoint_io import AtomicCheckpointIO
 from xl.training.console import TRAINER_DEFAULTS
+from xl.training.curriculum import Curriculum, CurriculumDataModule
 from xl.training.footprint import available_memory, run_estimate, vocabulary_bound
 from xl.training.headroom import setting_to_lower
 from xl.training.init_from import check_data, load_weights, start_from
@@ -95,9 +96,15 @@ model_config = model_values  # XLConfig's fields from a composed config
 
 
 def make_datamodule(cfg: DictConfig) -> Any:
-    """Instantiate the data group: its settings are checked, nothing is read yet."""
+    """Instantiate the data group (a curriculum's: one per stage): its settings are checked, nothing is read yet."""
+    if cfg.get("curriculum") is not None:
+        return CurriculumDataModule.from_config(cfg, lambda **stage: make_data(cfg, **stage))
+    return make_data(cfg)
+
+
+def make_data(cfg: DictConfig, **overrides: Any) -> Any:
     try:
-        return instantiate(cfg.data)
+        return instantiate(cfg.data, **overrides)
     except InstantiationException as err:  # Hydra wraps the real error; report that one
         cause = err.__cause__
         if isinstance(cause, DataError):
@@ -223,7 +230,10 @@ def build_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None, resumed:
     for logger in loggers if resumed is not None else []:
         if hasattr(logger, "continue_from"):  # xl.training.loggers
             logger.continue_from(resumed.global_step or 0, (resumed.state.get(XL_KEY) or {}).get("step_row"))
-    trainer = make_trainer(cfg, preloaded, logger=loggers or False, callbacks=build_callbacks(cfg, bool(loggers)))
+    callbacks, stages = build_callbacks(cfg, bool(loggers)), {}
+    if cfg.get("curriculum") is not None:  # a new stage's loaders take effect at the next epoch
+        callbacks, stages = [*callbacks, Curriculum()], {"reload_dataloaders_every_n_epochs": 1}
+    trainer = make_trainer(cfg, preloaded, logger=loggers or False, callbacks=callbacks, **stages)
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     return trainer

@@ -275,6 +275,7 @@ class JobSummary(L.Callback):
             "train_tokens": self.train_tokens,
             "train_tok_s": self.train_tokens / self.train_seconds if self.train_seconds else None,
             "wall_s": self.wall_s(),
+            **(datamodule.summary() if hasattr(datamodule, "summary") else {}),  # a curriculum's stage
         }
 
 

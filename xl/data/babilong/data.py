@@ -64,17 +64,20 @@ class BabilongSource:
     """The samples of ``tasks`` at ``length`` tokens (counted by ``count``), ``sizes[split]`` per split, as a data
     source: each sample one document, its answer a piece of its own marked as the answer (``(False, text, True)``).
     With ``stream`` the train split is made while training; the cache's train split then holds what its vocabulary
-    is fitted on: the stream's first ``VOCABULARY_SAMPLES`` samples of a row no loader reads, and its background
-    pool as one document."""
+    is fitted on: the first ``VOCABULARY_SAMPLES`` samples of a row no loader reads, and the background pool as one
+    document, of ``stream`` or of ``vocabulary`` (another stream, which a curriculum's stages share)."""
 
     def __init__(self, background: Source, tasks: Sequence[str], length: int, sizes: dict[str, int], seed: int,
-                 count: Callable[[str], int], tokenizer_key: str, stream: SampleStream | None = None) -> None:
+                 count: Callable[[str], int], tokenizer_key: str, stream: SampleStream | None = None,
+                 vocabulary: SampleStream | None = None) -> None:
         self.background, self.tasks, self.length = background, list(tasks), length
         self.sizes, self.seed, self.count, self.tokenizer_key = sizes, seed, count, tokenizer_key
-        self.stream = stream
+        self.stream, self.fitted_on = stream, vocabulary or stream
 
     def identity(self) -> str:
-        stream = None if self.stream is None else [VOCABULARY_SAMPLES, self.stream.pool_tokens]
+        stream = None if self.stream is None else [VOCABULARY_SAMPLES, self.fitted_on.pool_tokens]
+        if self.stream is not None and self.fitted_on is not self.stream:
+            stream += [self.fitted_on.length, self.fitted_on.tasks]
         spec = json.dumps([VERSION, self.tasks, self.length, self.sizes, self.seed, self.background.identity(),
                            self.tokenizer_key, MAX_UNIT_TOKENS, *([stream] if stream else [])])
         return "babilong-" + hashlib.sha256(spec.encode()).hexdigest()[:16]
@@ -87,7 +90,7 @@ class BabilongSource:
     def samples(self, split: str) -> Iterator[Sample]:
         """The split's samples, the tasks in turn, the background read once in order across them."""
         if self.stream is not None and split == "train":
-            yield from (self.stream.sample(VOCABULARY_ROW, j) for j in range(VOCABULARY_SAMPLES))
+            yield from (self.fitted_on.sample(VOCABULARY_ROW, j) for j in range(VOCABULARY_SAMPLES))
             return
         background = Sentences(self.background, split, self.count)
         streams = [samples(task, self.length, split, self.seed, background, self.count) for task in self.tasks]
@@ -97,23 +100,26 @@ class BabilongSource:
     def texts(self, split: str) -> Iterator[str]:
         yield from (s.prompt + s.answer for s in self.samples(split))
         if self.stream is not None and split == "train":
-            yield from self.stream.pool_texts()
+            yield from self.fitted_on.pool_texts()
 
     def documents(self, split: str) -> Iterator[Piece]:
         for sample in self.samples(split):
             yield True, sample.prompt
             yield False, sample.answer, True
-        if self.stream is not None and split == "train" and self.stream.pool is not None:
-            yield True, "".join(self.stream.pool_texts())
+        if self.stream is not None and split == "train" and self.fitted_on.pool is not None:
+            yield True, "".join(self.fitted_on.pool_texts())
 
 
 class BabilongDataModule(SegmentDataModule):
     """The data group ``data=babilong``: :class:`BabilongSource` over ``background``, read as any corpus is
-    (``xl.data.SegmentDataModule``'s settings), with the answer-only loss of ``loss=answer``."""
+    (``xl.data.SegmentDataModule``'s settings), with the answer-only loss of ``loss=answer``. ``vocabulary``
+    (``{"length": ..., "tasks": [...]}``, with ``train_samples=stream``): fit a char or word vocabulary on the
+    stream of those settings instead of this module's own, so that modules of other lengths share one vocabulary
+    (:mod:`xl.training.curriculum`)."""
 
     def __init__(self, background: Source, tasks: Sequence[str] = ("qa1",), length: int | str = "1k",
                  train_samples: int | str = 2000, eval_samples: int = 200, seed: int = 0, loss: str = "answer",
-                 **kwargs: Any) -> None:
+                 vocabulary: dict[str, Any] | None = None, **kwargs: Any) -> None:
         tasks = check_tasks(tasks)
         try:
             tokens = parse_length(length)
@@ -137,9 +143,14 @@ class BabilongDataModule(SegmentDataModule):
         sizes = {"train": train_samples, "val": eval_samples, "test": eval_samples}
         count = token_counter(tokenizer)
         self.stream = SampleStream(background, tasks, tokens, seed, count) if train_samples == STREAM else None
+        fitted_on = None
         if self.stream is not None:
             sizes["train"] = VOCABULARY_SAMPLES
-        source = BabilongSource(background, tasks, tokens, sizes, seed, count, tokenizer.key(), self.stream)
+            if vocabulary is not None:
+                fitted_on = SampleStream(background, check_tasks(vocabulary["tasks"]),
+                                         parse_length(vocabulary["length"]), seed, count)
+        source = BabilongSource(background, tasks, tokens, sizes, seed, count, tokenizer.key(), self.stream,
+                                fitted_on)
         super().__init__(source, **kwargs)
         self.loss = loss
 
