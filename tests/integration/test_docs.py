@@ -137,6 +137,9 @@ SCALE_IF = {  # appended when the command selects what the key names
     "data=babilong": ["data.train_samples=24", "data.eval_samples=4"],
     "experiment=babilong": ["data.train_samples=24", "data.eval_samples=4", "model.n_layer=2", "model.d_model=32",
                             "model.n_head=2", "model.d_head=16", "model.d_inner=64", "memory.mem_len=16"],
+    "experiment=babilong_curriculum": ["data.eval_samples=4", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
+                                       "model.d_head=16", "model.d_inner=64", "memory.mem_len=16",
+                                       "trainer.limit_train_batches=2"],
     "--score": ["--score", "data.source.eval_episodes=4"],  # xl.probe's scoring episodes (--score extends)
 }
 SCALE_UNLESS_SET = {  # appended unless the command sets the key itself
