@@ -219,6 +219,26 @@ def test_a_sweep_with_wandb_ends_with_its_summary_and_the_rules(qa1_run, tmp_pat
         assert f"rule: {rule}" in named or {f"rule: {rule} (seed=0)", f"rule: {rule} (seed=1)"} <= set(named)
 
 
+class Unhandled(Exception):
+    """A signal that reached the test's own handler: the scorer had none of its own."""
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_restored():
+    """Each test leaves SIGTERM's and SIGINT's handlers as it found them; while it runs, a signal the scorer does not
+    handle fails the test instead of ending pytest."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def unhandled(signum, frame):
+        raise Unhandled(signal.Signals(signum).name)
+
+    for s in before:
+        signal.signal(s, unhandled)
+    yield
+    for s, handler in before.items():
+        signal.signal(s, handler)
+
+
 def kill_at(monkeypatch, target: str, call: int, signum: int) -> None:
     """Send ``signum`` to this process at the ``call``-th call of score's ``target`` (inside it)."""
     real, calls = getattr(score, target), []
@@ -236,6 +256,7 @@ def kill_at(monkeypatch, target: str, call: int, signum: int) -> None:
 def test_a_signal_keeps_the_cells_finished_and_a_rerun_goes_on_from_them(qa1_run, tmp_path, monkeypatch, capsys,
                                                                          signum):
     whole = scored(qa1_run, tmp_path / "whole", monkeypatch)
+    assert signal.getsignal(signum).__name__ == "unhandled"  # the scorer put the handler before back
     out = tmp_path / "stopped"
     with monkeypatch.context() as patch:
         kill_at(patch, "score_cell", 3, signum)  # in the third of four cells
