@@ -48,8 +48,9 @@ QA2 = [
                  "John moved to the garden.", "Where is the apple?", "kitchen"),
     # The milk's holders: Sandra (got it) and Daniel (got it after she dropped it). Sandra went to the hallway,
     # Daniel to the hallway and then the bedroom; last named bedroom (right); places: hallway, bedroom: 1/2.
-    story("qa2", "Sandra went to the hallway. Sandra got the milk. Daniel went to the hallway. Sandra dropped the milk. "
-                 "Daniel took the milk there. Daniel travelled to the bedroom.", "Where is the milk?", "bedroom"),
+    story("qa2", "Sandra went to the hallway. Sandra got the milk. Daniel went to the hallway. "
+                 "Sandra dropped the milk. Daniel took the milk there. Daniel travelled to the bedroom.",
+          "Where is the milk?", "bedroom"),
 ]
 
 
