@@ -1,11 +1,16 @@
 """python -m xl.babilong: answers read through the model's memory segment by segment are those of one forward over
 the whole text; a run trained on qa1 for a few steps is scored at two lengths, with results.json, the heatmap and a
-W&B table; -m ends with one summary; bad settings stop in one sentence."""
+W&B table, and the rules that need no memory of the asked entity on the same samples; -m ends with one summary (and
+its W&B run); a signal keeps the cells finished, and a rerun goes on from them; bad settings stop in one sentence."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import struct
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -14,7 +19,13 @@ import torch
 from tests.conftest import run_hydra_main
 from xl import train
 from xl.babilong import score
+from xl.babilong.baselines import RULES, expected
+from xl.babilong.heatmap import figure
 from xl.babilong.score import Reader
+from xl.data.babilong.background import Sentences
+from xl.data.babilong.data import token_counter
+from xl.data.babilong.samples import samples
+from xl.data.sources import StdlibSource
 from xl.data.tokenizers import make_tokenizer
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
@@ -97,8 +108,9 @@ def test_a_sweep_ends_with_one_summary_table_and_plot(qa1_run, tmp_path, monkeyp
     run_hydra_main(score.main, ["xl.babilong", "-m", f"ckpt={qa1_run}", "tasks=[qa1,qa4]", "lengths=[0]",
                                 "samples=2", "seed=0,1", "logger=none", f"hydra.sweep.dir={sweep}"], monkeypatch)
     lines = (sweep / "summary.csv").read_text().splitlines()
-    assert lines[0] == "job,qa1/0,qa4/0,mean/0" and len(lines) == 3
-    assert {line.split(",")[0] for line in lines[1:]} == {"seed=0", "seed=1"}
+    assert lines[0] == "job,qa1/0,qa4/0,mean/0"
+    assert [line.split(",")[0] for line in lines[1:3]] == ["seed=0", "seed=1"]
+    assert all(line.startswith("rule: ") for line in lines[3:])
     assert (sweep / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert "| job | qa1/0 |" in (sweep / "summary.md").read_text()
 
@@ -137,3 +149,170 @@ def test_evaluate_refuses_the_modes_that_would_score_every_target_of_answer_only
     assert str(stop.value.code) == ("error: vanilla=true and per_document=true score every target, but this data "
                                     "scores answer tokens only; set data.loss=all, or vanilla=false and "
                                     "per_document=false")
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    return struct.unpack(">II", path.read_bytes()[16:24])
+
+
+def scored(qa1_run: Path, out: Path, monkeypatch, *extra: str) -> dict:
+    monkeypatch.setenv("XL_CACHE_DIR", str(qa1_run.parent / "cache"))
+    run_hydra_main(score.main, ["xl.babilong", f"ckpt={qa1_run}", "tasks=[qa1,qa4]", "lengths=[0,300]", "samples=4",
+                                "batch_size=3", "logger=none", f"hydra.run.dir={out}", *extra], monkeypatch)
+    return json.loads((out / "results.json").read_text())
+
+
+def test_the_rules_without_memory_are_scored_on_the_very_samples_and_reported(qa1_run, tmp_path, monkeypatch,
+                                                                              capsys):
+    values = scored(qa1_run, tmp_path / "score", monkeypatch, "logger=wandb")
+    count = token_counter(make_tokenizer("byte"))
+    for cell in values["cells"]:  # the same stories, made again here, give the same accuracies
+        stream = samples(cell["task"], cell["tokens"], "test", 0, Sentences(StdlibSource(), "test", count), count)
+        right = expected(cell["task"], [next(stream).story for _ in range(4)])
+        assert cell["baselines"] == {rule: right[rule] / 4 for rule in RULES}
+        for rule in RULES:
+            assert values["baselines"][cell["task"]][rule][cell["length"]] == cell["baselines"][rule]
+    assert values["complete"] is True and values["identity"]["seed"] == 0
+    printed = capsys.readouterr().out
+    assert "rules without memory of the asked entity, on the same samples:" in printed
+    qa1 = values["baselines"]["qa1"]["last named"]
+    (line,) = [line for line in printed.splitlines() if line.startswith("  qa1 last named ")]
+    assert line.split()[3:] == [f"{100 * qa1['0']:.0f}", f"{100 * qa1['300']:.0f}"]
+    (table,) = (tmp_path / "score" / "wandb").glob("offline-run-*/files/media/table/babilong/accuracy_*.table.json")
+    assert json.loads(table.read_text())["columns"][-4:] == list(RULES)
+
+
+def test_the_heatmap_reads_at_a_glance(qa1_run, tmp_path, monkeypatch):
+    values = scored(qa1_run, tmp_path / "score", monkeypatch)
+    width, height = png_size(tmp_path / "score" / "heatmap.png")
+    assert width >= 540 and height >= 300  # two lengths, two tasks
+    fig = figure([("qa1 run", values)])
+    panel, bar = fig.axes
+    assert "4 samples per cell" in panel.get_title() and panel.get_title().startswith("qa1 run")
+    assert bar.get_ylim() == (0.0, 100.0)  # the colour bar, from 0 to 100
+    marks = {line.get_label(): line.get_ydata()[0] for line in bar.lines}
+    cells = [100 * c["baselines"][rule] for c in values["cells"] for rule in RULES]
+    for i, rule in enumerate(RULES):
+        assert marks[rule] == pytest.approx(sum(cells[i::len(RULES)]) / len(values["cells"]))
+    texts = [t.get_text() for t in panel.texts]
+    best = max(RULES, key=lambda r: values["baselines"]["qa4"][r]["300"])
+    assert f"{best} {100 * values['baselines']['qa4'][best]['300']:.0f}" in texts
+
+
+def test_a_sweep_with_wandb_ends_with_its_summary_and_the_rules(qa1_run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XL_CACHE_DIR", str(qa1_run.parent / "cache"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    sweep = tmp_path / "sweep"
+    with warnings.catch_warnings(record=True) as warned:  # Hydra reports a failed callback as a warning
+        warnings.simplefilter("always")
+        run_hydra_main(score.main, ["xl.babilong", "-m", f"ckpt={qa1_run}", "tasks=[qa1]", "lengths=[0]",
+                                    "samples=3", "seed=0,1", f"hydra.sweep.dir={sweep}"], monkeypatch)
+    assert not [str(w.message) for w in warned if "Callback" in str(w.message)]
+    assert "babilong summary: " + str(sweep / "summary.md") in capsys.readouterr().out
+    assert len(list((sweep / "wandb").glob("offline-run-*"))) == 1
+    rows = (sweep / "summary.csv").read_text().splitlines()
+    assert rows[0] == "job,qa1/0,mean/0"
+    assert [r.split(",")[0] for r in rows[1:3]] == ["seed=0", "seed=1"]
+    named = [r.split(",")[0] for r in rows[3:]]
+    assert "rule: uniform" in named  # the same for both seeds: one row
+    for rule in RULES:  # the others one row, or one per job where the seeds' samples differ
+        assert f"rule: {rule}" in named or {f"rule: {rule} (seed=0)", f"rule: {rule} (seed=1)"} <= set(named)
+
+
+class Unhandled(Exception):
+    """A signal that reached the test's own handler: the scorer had none of its own."""
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_restored():
+    """Each test leaves SIGTERM's and SIGINT's handlers as it found them; while it runs, a signal the scorer does not
+    handle fails the test instead of ending pytest."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def unhandled(signum, frame):
+        raise Unhandled(signal.Signals(signum).name)
+
+    for s in before:
+        signal.signal(s, unhandled)
+    yield
+    for s, handler in before.items():
+        signal.signal(s, handler)
+
+
+def kill_at(monkeypatch, target: str, call: int, signum: int) -> None:
+    """Send ``signum`` to this process at the ``call``-th call of score's ``target`` (inside it)."""
+    real, calls = getattr(score, target), []
+
+    def sending(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            os.kill(os.getpid(), signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(score, target, sending)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_keeps_the_cells_finished_and_a_rerun_goes_on_from_them(qa1_run, tmp_path, monkeypatch, capsys,
+                                                                         signum):
+    whole = scored(qa1_run, tmp_path / "whole", monkeypatch)
+    assert signal.getsignal(signum).__name__ == "unhandled"  # the scorer put the handler before back
+    out = tmp_path / "stopped"
+    with monkeypatch.context() as patch:
+        kill_at(patch, "score_cell", 3, signum)  # in the third of four cells
+        with pytest.raises(SystemExit) as stop:
+            scored(qa1_run, out, patch)
+    assert stop.value.code == 128 + signum
+    err = capsys.readouterr().err
+    name = signal.Signals(signum).name
+    assert err.strip().splitlines() == [f"stopped by {name}: 2 of 4 cells are kept in {out / 'results.json'} (marked "
+                                        f"incomplete); to score the other 2, rerun the same command with "
+                                        f"hydra.run.dir={out}"]
+    kept = json.loads((out / "results.json").read_text())
+    assert kept["complete"] is False
+    assert [(c["task"], c["length"]) for c in kept["cells"]] == [("qa1", "0"), ("qa1", "300")]
+    assert kept["accuracy"] == {"qa1": whole["accuracy"]["qa1"], "qa4": {}} and kept["mean"] == {}
+    assert not (out / "heatmap.png").exists() and not list(out.glob("*.tmp"))
+    cells = []
+    real = score.score_cell
+    monkeypatch.setattr(score, "score_cell", lambda *a: cells.append(a[2:4]) or real(*a))
+    resumed = scored(qa1_run, out, monkeypatch)
+    assert cells == [("qa4", 0), ("qa4", 300)]  # only the cells not kept
+    assert resumed["complete"] is True
+    assert [{k: v for k, v in c.items() if k not in ("seconds", "tok_s")} for c in resumed["cells"]] == \
+        [{k: v for k, v in c.items() if k not in ("seconds", "tok_s")} for c in whole["cells"]]
+    assert (resumed["accuracy"], resumed["mean"], resumed["baselines"]) == \
+        (whole["accuracy"], whole["mean"], whole["baselines"])
+
+
+def test_a_signal_while_results_are_written_stops_after_the_write(qa1_run, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "stopped"
+    kill_at(monkeypatch, "write_json", 1, signal.SIGTERM)
+    with pytest.raises(SystemExit) as stop:
+        scored(qa1_run, out, monkeypatch)
+    assert stop.value.code == 143
+    assert len(json.loads((out / "results.json").read_text())["cells"]) == 1
+    assert not list(out.glob("*.tmp")) and "1 of 4 cells are kept" in capsys.readouterr().err
+
+
+def test_a_signal_before_any_cell_says_that_nothing_is_kept(qa1_run, tmp_path, monkeypatch, capsys):
+    kill_at(monkeypatch, "score_cell", 1, signal.SIGINT)
+    with pytest.raises(SystemExit) as stop:
+        scored(qa1_run, tmp_path / "out", monkeypatch)
+    assert stop.value.code == 130
+    assert capsys.readouterr().err.strip() == (f"stopped by SIGINT before any cell was scored; nothing is kept; rerun "
+                                               f"the same command with hydra.run.dir={tmp_path / 'out'} to start again")
+
+
+def test_cells_of_other_settings_are_never_mixed_in(qa1_run, tmp_path, monkeypatch):
+    out = tmp_path / "stopped"
+    with monkeypatch.context() as patch:
+        kill_at(patch, "score_cell", 2, signal.SIGTERM)
+        with pytest.raises(SystemExit):
+            scored(qa1_run, out, patch)
+    before = (out / "results.json").read_text()
+    with pytest.raises(SystemExit) as stop:
+        scored(qa1_run, out, monkeypatch, "seed=1")
+    assert str(stop.value.code) == (f"error: {out / 'results.json'} holds another scoring (seed: 0, not 1); rerun it "
+                                    f"with its own settings or set hydra.run.dir to another folder")
+    assert (out / "results.json").read_text() == before

@@ -227,3 +227,47 @@ def test_a_search_plots_its_points_against_the_first_setting_each_named_by_the_o
     assert quality.get_lines()[0].get_linestyle() == "None"  # points: no line joins two trials
     assert sorted(text.get_text() for text in quality.texts) == ["optim.lr=0.0003", "optim.lr=0.001",
                                                                  "optim.lr=0.002"]
+
+
+def test_a_search_labels_its_points_rounded_and_inside_the_panel(tmp_path, monkeypatch):
+    """Optuna draws learning rates such as 0.000312878...: each label shows three significant digits, and the labels
+    of points right of the middle extend to the left, so that none runs off the panel."""
+    sweep = tmp_path / "sweep"
+    for i, (mem_len, lr) in enumerate([(0, 0.000312878123456), (512, 0.0027531234), (512, 0.00101010101)]):
+        fake_job(sweep, str(i), [f"memory.mem_len={mem_len}", f"optim.lr={lr}"], {
+            "mem_len": mem_len, "unit": "bpb", "val/bpb": 2.0 + i / 10, "cache_mb": mem_len / 64})
+    quality = drawn_figure(write_summary(sweep), tmp_path, monkeypatch).axes[0]
+    labels = {text.get_text(): text for text in quality.texts}
+    assert set(labels) == {"optim.lr=0.000313", "optim.lr=0.00275", "optim.lr=0.00101"}
+    assert labels["optim.lr=0.000313"].get_horizontalalignment() == "left"
+    assert labels["optim.lr=0.00275"].get_horizontalalignment() == "right"
+    fig = quality.figure
+    fig.canvas.draw()
+    panel = quality.get_window_extent()
+    for text in quality.texts:
+        box = text.get_window_extent()
+        assert panel.x0 <= box.x0 and box.x1 <= panel.x1, text.get_text()
+
+
+def test_the_quality_axis_states_the_spread_and_does_not_blow_noise_up(tmp_path, monkeypatch):
+    """Five jobs within 0.0013 bpb of one another: the title says so, and the axis spans at least 2% of the values,
+    so that noise does not fill the panel as a trend; a real difference is drawn at its own scale."""
+    from xl.training.sweep import MIN_SPAN
+
+    sweep = tmp_path / "sweep"
+    values = [1.2000, 1.2013, 1.2004, 1.2009, 1.2001]
+    for i, (mem_len, bpb) in enumerate(zip((0, 64, 128, 256, 512), values, strict=True)):
+        fake_job(sweep, str(i), [f"memory.mem_len={mem_len}"], {
+            "mem_len": mem_len, "unit": "bpb", "val/bpb": bpb, "cache_mb": mem_len / 64})
+    quality = drawn_figure(write_summary(sweep), tmp_path, monkeypatch).axes[0]
+    assert quality.get_title().splitlines() == ["bpb against memory.mem_len",
+                                                "spread over jobs: val 0.0013 bpb (at most 0.11%)"]
+    low, high = quality.get_ylim()
+    assert high - low >= MIN_SPAN * sum(values) / len(values) and low < min(values) and max(values) < high
+
+    wide = tmp_path / "wide"
+    for i, (mem_len, bpb) in enumerate(zip((0, 64), (1.2, 1.5), strict=True)):
+        fake_job(wide, str(i), [f"memory.mem_len={mem_len}"], {
+            "mem_len": mem_len, "unit": "bpb", "val/bpb": bpb, "cache_mb": mem_len / 64})
+    low, high = drawn_figure(write_summary(wide), tmp_path, monkeypatch).axes[0].get_ylim()
+    assert high - low < 0.5  # matplotlib's own limits, a margin around 1.2-1.5

@@ -1,10 +1,11 @@
 """What the scorer (:mod:`xl.babilong.score`) reports: ``results.json``, the table, the heatmap, W&B, a sweep's summary.
 
-The heatmap is BABILong's leaderboard figure (its ``notebooks/draw_evals.ipynb``): tasks down, context lengths across,
-the accuracy in percent in each cell, coloured from red (0) through yellow to green (100). Under ``-m``
+Beside the model's accuracy each of them holds the rules that need no memory of the asked entity, scored on the same
+samples (:mod:`xl.babilong.baselines`). The heatmap is :mod:`xl.babilong.heatmap`'s. Under ``-m``
 :class:`BabilongSummary` (a Hydra callback) gathers the jobs' ``results.json`` into ``summary.csv``, ``summary.md``
-(one row per job, one column per task and length, and the mean over tasks per length) and ``summary.png`` (the jobs'
-heatmaps side by side), and logs them to W&B, as a training sweep's summary is (:mod:`xl.training.sweep`).
+(one row per job, one column per task and length, and the mean over tasks per length, then the rules' rows) and
+``summary.png`` (the jobs' heatmaps side by side), and logs them to W&B, as a training sweep's summary is
+(:mod:`xl.training.sweep`).
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ from __future__ import annotations
 import csv
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from xl.babilong.baselines import RULES
+from xl.babilong.heatmap import draw_heatmaps
+from xl.data.babilong.lengths import length_name
 from xl.memory import settings
 from xl.memory.settings import describe
 from xl.training.build import run_identity
@@ -42,6 +47,12 @@ class Cell:
     context_tokens: int = 0  # the samples' contexts, summed
     read_tokens: int = 0  # the prompts read (context and question), summed
     seconds: float = 0.0
+    baselines: dict[str, float] = field(default_factory=dict)  # each rule's accuracy on the cell's samples
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Cell:
+        """A cell as :meth:`to_dict` wrote it."""
+        return cls(**{f.name: values[f.name] for f in fields(cls)})
 
     def add(self, correct: bool, context_tokens: int, read_tokens: int) -> None:
         self.correct += int(correct)
@@ -60,13 +71,18 @@ class Cell:
 
 
 def record(cfg: DictConfig, run: Any, context: dict[str, Any], decoding: str, background: str,
-           cells: list[Cell]) -> dict[str, Any]:
-    """One scoring as ``results.json`` holds it: the run, the context, then accuracy per task and length (and the
-    mean over tasks per length), then every cell with its cost."""
-    tasks = list(dict.fromkeys(c.task for c in cells))
-    lengths = list(dict.fromkeys(c.length for c in cells))
+           cells: list[Cell], identity: dict[str, Any] | None = None, complete: bool = True) -> dict[str, Any]:
+    """One scoring as ``results.json`` holds it: the run, the context, whether every cell is scored (``complete``)
+    and what the cells depend on (``identity``), then accuracy per task and length (and the mean over tasks per
+    length, where every task has it), each rule's accuracy per task and length, then every cell with its
+    cost."""
+    tasks = [str(t) for t in cfg.tasks]
+    lengths = [length_name(n) for n in cfg.lengths]
     accuracy = {t: {c.length: c.accuracy for c in cells if c.task == t} for t in tasks}
-    mean = {n: sum(accuracy[t][n] for t in tasks) / len(tasks) for n in lengths}
+    mean = {n: sum(accuracy[t][n] for t in tasks) / len(tasks) for n in lengths
+            if all(n in accuracy[t] for t in tasks)}
+    baselines = {t: {rule: {c.length: c.baselines[rule] for c in cells if c.task == t and rule in c.baselines}
+                     for rule in RULES} for t in tasks}
     model = run.checkpoint.model_config
     return {
         "ckpt": str(run.checkpoint.path.resolve()), "step": run.checkpoint.global_step,
@@ -74,48 +90,30 @@ def record(cfg: DictConfig, run: Any, context: dict[str, Any], decoding: str, ba
         "memory": describe(settings.from_dict(model.get("memory"))), "window": context["window"],
         "clamp_len": context["clamp_len"], "same_length": context["same_length"], "decoding": decoding,
         "background": background, "samples": cfg.samples, "seed": cfg.seed, "tasks": tasks, "lengths": lengths,
-        "accuracy": accuracy, "mean": mean, "cells": [c.to_dict() for c in cells],
+        "complete": complete, "identity": identity, "accuracy": accuracy, "mean": mean, "baselines": baselines,
+        "cells": [c.to_dict() for c in cells],
     }
 
 
 def table(values: dict[str, Any]) -> str:
-    """Accuracy in percent: a row per task and the mean over tasks, a column per length."""
+    """Accuracy in percent: a row per task and the mean over tasks, a column per length; then, for each task, a row
+    per rule that needs no memory of the asked entity, on the same samples."""
     lengths = values["lengths"]
     rows = [(t, values["accuracy"][t]) for t in values["tasks"]] + [("mean", values["mean"])]
-    lines = ["  " + f"{'task':<6}" + "".join(f"{n:>7}" for n in lengths)]
-    lines += ["  " + f"{name:<6}" + "".join(f"{100 * row[n]:>7.0f}" for n in lengths) for name, row in rows]
+    rules = [(f"{t} {rule}", by_length) for t, by_rule in values.get("baselines", {}).items()
+             for rule, by_length in by_rule.items() if by_length]
+    width = max(len(name) for name, _ in [*rows, *rules, ("task", None)]) + 1
+
+    def line(name: str, row: dict[str, float]) -> str:
+        return "  " + f"{name:<{width}}" + "".join(f"{100 * row[n]:>7.0f}" if n in row else f"{'':>7}"
+                                                  for n in lengths)
+
+    lines = ["  " + f"{'task':<{width}}" + "".join(f"{n:>7}" for n in lengths)]
+    lines += [line(name, row) for name, row in rows]
+    if rules:
+        lines += ["  rules without memory of the asked entity, on the same samples:"]
+        lines += [line(name, row) for name, row in rules]
     return "\n".join(lines)
-
-
-def grid(values: dict[str, Any]) -> list[list[float]]:
-    return [[100 * values["accuracy"][t][n] for n in values["lengths"]] for t in values["tasks"]]
-
-
-def draw_heatmaps(path: Path, panels: list[tuple[str, dict[str, Any]]]) -> Path:
-    """One heatmap per (title, results) side by side, written to ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers; must precede pyplot
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import LinearSegmentedColormap
-
-    colours = LinearSegmentedColormap.from_list("ryg", ["red", "yellow", "green"], N=256)
-    width = max(len(v["lengths"]) for _, v in panels)
-    height = max(len(v["tasks"]) for _, v in panels)
-    fig, axes = plt.subplots(1, len(panels), figsize=((1.0 * width + 1.6) * len(panels), 0.55 * height + 1.8),
-                             squeeze=False, constrained_layout=True)
-    for ax, (title, values) in zip(axes[0], panels, strict=True):
-        cells = grid(values)
-        ax.imshow(cells, cmap=colours, vmin=0, vmax=100, aspect="auto")
-        for i, row in enumerate(cells):
-            for j, value in enumerate(row):
-                ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=11)
-        ax.set_xticks(range(len(values["lengths"])), values["lengths"])
-        ax.set_yticks(range(len(values["tasks"])), values["tasks"])
-        ax.set(xlabel="context length (tokens)", ylabel="task", title=title)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def write_results(output_dir: str | Path, values: dict[str, Any]) -> Path:
@@ -136,7 +134,26 @@ def wandb_run(cfg: DictConfig, job_type: str, name: str | None, group: str | Non
     quiet_wandb(node.offline)
     return wandb.init(project=node.project, name=name, group=group, job_type=job_type, dir=str(folder),
                       mode="offline" if node.offline else "online", tags=list(node.tags or []),
-                      config=OmegaConf.to_container(cfg, resolve=True), reinit="finish_previous")
+                      config=settings_of(cfg), reinit="finish_previous")
+
+
+def settings_of(node: DictConfig) -> dict[str, Any]:
+    """The command's settings for W&B, resolved; left out: Hydra's own node and the values only a job can resolve
+    (its folder, ``hydra.job.num``), which a sweep's end cannot."""
+    settings: dict[str, Any] = {}
+    for key in node:
+        if key == "hydra":
+            continue
+        try:
+            value = node[key]
+            if isinstance(value, DictConfig):
+                value = settings_of(value)
+            elif isinstance(value, ListConfig):
+                value = OmegaConf.to_container(value, resolve=True)
+        except OmegaConfBaseException:
+            continue
+        settings[str(key)] = value
+    return settings
 
 
 def log_results(cfg: DictConfig, values: dict[str, Any], heatmap: Path) -> str | None:
@@ -148,7 +165,8 @@ def log_results(cfg: DictConfig, values: dict[str, Any], heatmap: Path) -> str |
     import wandb
 
     columns = ["task", "length", "tokens", "accuracy", "correct", "samples", "mean_context_tokens", "tok_s"]
-    rows = [[c[k] for k in columns] for c in values["cells"]]
+    rows = [[c[k] for k in columns] + [c["baselines"].get(rule) for rule in RULES] for c in values["cells"]]
+    columns += list(RULES)
     run.log({"babilong/accuracy": wandb.Table(columns=columns, data=rows),
              "babilong/heatmap": wandb.Image(str(heatmap))})
     where = f"W&B run {run.id}: {Path(run.dir).parent}"
@@ -156,8 +174,28 @@ def log_results(cfg: DictConfig, values: dict[str, Any], heatmap: Path) -> str |
     return where
 
 
+def reference_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The summary's rows of the rules: one per rule where every job scored the same samples alike, else one per rule
+    and job."""
+    reference = []
+    for rule in RULES:
+        per_job = [(r["job"], {f"{t}/{n}": a for t, by_rule in r.get("baselines", {}).items()
+                               for n, a in by_rule.get(rule, {}).items()}) for r in rows]
+        per_job = [(job, row) for job, row in per_job if row]
+        if len({tuple(sorted(row.items())) for _, row in per_job}) == 1:
+            reference.append({"job": f"rule: {rule}", **per_job[0][1]})
+        else:
+            reference += [{"job": f"rule: {rule} ({job})", **row} for job, row in per_job]
+    return reference
+
+
+def job_name(row: dict[str, Any]) -> str:
+    return row["job"] if row.get("complete", True) else f"{row['job']} (incomplete)"
+
+
 class BabilongSummary(Callback):
-    """After ``-m``: every job's accuracy as summary.csv/.md/.png in the sweep folder, and to W&B."""
+    """After ``-m``: every job's accuracy, and the rules' on the same samples, as summary.csv/.md/.png in the sweep
+    folder, and to W&B."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -167,8 +205,9 @@ class BabilongSummary(Callback):
             return
         columns = ["job"] + list(dict.fromkeys(f"{t}/{n}" for r in rows for t in r["tasks"] for n in r["lengths"]))
         columns += list(dict.fromkeys(f"mean/{n}" for r in rows for n in r["lengths"]))
-        flat = [{"job": r["job"], **{f"{t}/{n}": a for t, row in r["accuracy"].items() for n, a in row.items()},
+        flat = [{"job": job_name(r), **{f"{t}/{n}": a for t, row in r["accuracy"].items() for n, a in row.items()},
                  **{f"mean/{n}": a for n, a in r["mean"].items()}} for r in rows]
+        flat += reference_rows(rows)
         with open(sweep_dir / "summary.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
@@ -177,7 +216,7 @@ class BabilongSummary(Callback):
         lines += ["| " + " | ".join(row["job"] if c == "job" else f"{100 * row[c]:.0f}" if c in row else ""
                                     for c in columns) + " |" for row in flat]
         (sweep_dir / "summary.md").write_text("\n".join(lines) + "\n")
-        plot = draw_heatmaps(sweep_dir / "summary.png", [(r["job"], r) for r in rows])
+        plot = draw_heatmaps(sweep_dir / "summary.png", [(job_name(r), r) for r in rows])
         run = wandb_run(config, "summary", "babilong summary", str(sweep_dir), sweep_dir)
         if run is not None:
             import wandb

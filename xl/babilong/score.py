@@ -13,7 +13,10 @@ The decoder's context is the run's: its memory (``mem_len``, a model without mem
 ``clamp_len`` and ``same_length``, each replaced by the key of the same name, and segments of the run's training
 length (``seg_len``). Results: ``results.json``, ``heatmap.png`` (tasks x lengths, accuracy in each cell, as
 BABILong's leaderboard draws it) and the printed table in the output folder, and a W&B table (offline). Under
-``-m`` the sweep folder gets ``summary.csv``, ``summary.md`` and ``summary.png``, one heatmap per job.
+``-m`` the sweep folder gets ``summary.csv``, ``summary.md`` and ``summary.png``, one heatmap per job. Beside the
+model, each cell scores the rules that need no memory of the asked entity on the same samples
+(:mod:`xl.babilong.baselines`). ``results.json`` is written as cells finish; a stopped scoring goes on from its
+cells when rerun into the same folder with the same settings (:mod:`xl.babilong.resume`).
 
 Example, with runs/qa1 the run folder (docs/babilong.md)::
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,7 +36,9 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from xl.babilong.baselines import expected
 from xl.babilong.report import HEATMAP, Cell, log_results, record, table, write_results
+from xl.babilong.resume import Progress, SignalStop, identity, kept_cells
 from xl.config.compose import entry_point
 from xl.config.rules import ConfigError, check_bounds
 from xl.data.babilong.answers import is_correct
@@ -43,12 +49,12 @@ from xl.data.babilong.samples import Sample, samples
 from xl.data.babilong.tasks import LABELS
 from xl.data.sources import StdlibSource
 from xl.generate import decoding_context
+from xl.training.callbacks import write_json
 from xl.training.console import errors_logged, quiet_warnings
 from xl.training.runs import TrainedRun
+from xl.training.sweep import RESULTS_FILE
 
 log = logging.getLogger("babilong")
-
-
 
 
 @dataclass
@@ -149,8 +155,10 @@ def score_cell(reader: Reader, background: Any, task: str, length: Any, cfg: Dic
     cell = Cell(task, length_name(length), parse_length(length))
     start = time.perf_counter()
     batch: list[Sample] = []
+    stories = []
     for _ in range(cfg.samples):
         batch.append(next(stream))
+        stories.append(batch[-1].story)
         if len(batch) == cfg.batch_size or cell.samples + len(batch) == cfg.samples:
             for sample, output in zip(batch, reader.answer([s.prompt for s in batch]), strict=True):
                 story = sample.story
@@ -160,26 +168,57 @@ def score_cell(reader: Reader, background: Any, task: str, length: Any, cfg: Dic
     if reader.model.device.type == "cuda":
         torch.cuda.synchronize()
     cell.seconds = time.perf_counter() - start
+    cell.baselines = {rule: right / cell.samples for rule, right in expected(task, stories).items()}
     return cell
 
 
 def score(cfg: DictConfig) -> dict[str, Any]:
-    """Score ``cfg.ckpt``; returns what ``results.json`` holds."""
+    """Score ``cfg.ckpt``; returns what ``results.json`` holds. A signal ends it with one sentence, the cells
+    finished kept (:mod:`xl.babilong.resume`)."""
     check_settings(cfg)
+    progress = Progress(**where_to_continue(cfg))
+    with SignalStop(progress) as stop:
+        return score_cells(cfg, progress, stop)
+
+
+def where_to_continue(cfg: DictConfig) -> dict[str, str]:
+    """The folder setting a rerun names to go on: the run's folder, or under ``-m`` the sweep's."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return {"setting": "hydra.sweep.dir", "folder": str(HydraConfig.get().sweep.dir)}
+    return {"setting": "hydra.run.dir", "folder": str(cfg.paths.output_dir)}
+
+
+def score_cells(cfg: DictConfig, progress: Progress, stop: SignalStop) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     run = TrainedRun.open(cfg.ckpt)
     reader, described = reader_of(cfg, run)
     background = background_of(cfg, run)
-    log.info("babilong: %s\n  %s; background %s", run.checkpoint.path, described, background.setting("test"))
-    cells = []
-    for task in cfg.tasks:
-        for length in cfg.lengths:
-            cells.append(score_cell(reader, background, task, length, cfg))
-            c = cells[-1]
-            log.info("  %s at %s: %d/%d (%.0f%%), %.1f s", task, c.length, c.correct, c.samples, 100 * c.accuracy,
-                     c.seconds)
-    values = record(cfg, run, reader.context, described, background.setting("test"), cells)
-    written = write_results(cfg.paths.output_dir, values)
+    setting = background.setting("test")
+    path = Path(cfg.paths.output_dir) / RESULTS_FILE
+    settings = identity(cfg, run.checkpoint, described, setting, reader.model.device.type)
+    kept = {(c.task, c.length): c for c in kept_cells(path, settings, progress.setting)}
+    plan = [(task, length_name(length), length) for task in cfg.tasks for length in cfg.lengths]
+    progress.path, progress.total = path, len(plan)
+    log.info("babilong: %s\n  %s; background %s", run.checkpoint.path, described, setting)
+    cells: list[Cell] = []
+    for task, name, length in plan:
+        cell = kept.get((task, name))
+        if cell is None:
+            cell = score_cell(reader, background, task, length, cfg)
+        log.info("  %s at %s: %d/%d (%.0f%%), %.1f s%s", task, cell.length, cell.correct, cell.samples,
+                 100 * cell.accuracy, cell.seconds, "" if (task, name) not in kept else f", kept in {path}")
+        cells.append(cell)
+        if len(cells) < len(plan):
+            with stop.held():
+                write_json(path, record(cfg, run, reader.context, described, setting, cells, settings, False))
+                progress.kept = len(cells)
+    values = record(cfg, run, reader.context, described, setting, cells, settings)
+    with stop.held():
+        written = write_results(cfg.paths.output_dir, values)
+        progress.kept = len(cells)
     heatmap = written.parent / HEATMAP
     logged = log_results(cfg, values, heatmap)
     log.info("babilong accuracy (%%, %d samples per cell)\n%s\n  results: %s\n  heatmap: %s%s", cfg.samples,

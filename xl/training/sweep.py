@@ -21,6 +21,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 RESULTS_FILE = "results.json"  # what xl.training.callbacks.JobSummary writes into each job's folder
+MIN_SPAN = 0.02  # the quality axis spans at least this share of the plotted values' mean
 
 
 def collect(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -115,12 +116,65 @@ def series(rows: list[dict[str, Any]]) -> tuple[str, dict[str, list[tuple[Any, d
     lines: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
     for r in rows:
         varied = r.get("varied", {})
-        label = ", ".join(f"{k}={varied.get(k)}" for k in others)
+        label = ", ".join(f"{k}={short(varied.get(k))}" for k in others)
         lines.setdefault(label, []).append((varied.get(key), r))
     numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for line in lines.values() for x, _ in line)
     for line in lines.values():
         line.sort(key=lambda point: point[0] if numeric else str(point[0]))
     return key, lines
+
+
+def short(value: Any) -> str:
+    """A setting's value as a label: a float to three significant digits (a search's learning rate of
+    0.000312878... reads 0.000313)."""
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def spread_title(unit: str, key: str, splits: dict[str, list[float]]) -> str:
+    """The quality panel's title: what it plots and, per split, how far apart the jobs' values are, so that a
+    reader judges whether a slope is more than noise."""
+    spreads = [f"{split} {max(v) - min(v):.2g}" for split, v in splits.items() if len(v) > 1]
+    values = [y for v in splits.values() for y in v]
+    mean = sum(values) / len(values) if values else 0
+    if not spreads or not mean:
+        return f"{unit} against {key}"
+    share = 100 * max(max(v) - min(v) for v in splits.values() if len(v) > 1) / abs(mean)
+    return f"{unit} against {key}\nspread over jobs: {', '.join(spreads)} {unit} (at most {share:.2g}%)"
+
+
+def annotate_points(ax: Any, key: str, unit: str, points: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Name each point of a search by its other settings, rounded; labels point towards the panel's middle, and a
+    label that would sit on another one moves below it."""
+    drawn = [(x if isinstance(x, int | float) else str(x), r) for x, r in points if r.get(f"val/{unit}") is not None]
+    if not drawn:
+        return
+    numeric = all(isinstance(x, int | float) for x, _ in drawn)
+    order = sorted({str(x) for x, _ in drawn})
+    positions = [x if numeric else order.index(str(x)) for x, _ in drawn]
+    ys = [r[f"val/{unit}"] for _, r in drawn]
+    width, height = (max(positions) - min(positions)) or 1, (max(ys) - min(ys)) or 1
+    middle = (min(positions) + max(positions)) / 2
+    placed: list[tuple[float, float]] = []
+    for (x, r), at, y in sorted(zip(drawn, positions, ys, strict=True), key=lambda p: (p[1], -p[2])):
+        near = sum(abs(at - a) < 0.1 * width and abs(y - b) < 0.06 * height for a, b in placed)
+        placed.append((at, y))
+        right = at > middle
+        ax.annotate(", ".join(f"{k}={short(v)}" for k, v in r["varied"].items() if k != key), (x, y),
+                    xytext=(-4 if right else 4, 3 - 9 * near), textcoords="offset points",
+                    ha="right" if right else "left", fontsize=7)
+
+
+def quality_limits(values: list[float]) -> tuple[float, float] | None:
+    """Y-limits that span at least :data:`MIN_SPAN` of the values' mean, centred on them (None where they span more
+    already): values within 0.1% of one another must not fill the panel as if they differed."""
+    if not values:
+        return None
+    low, high = min(values), max(values)
+    span = MIN_SPAN * abs(sum(values) / len(values))
+    if high - low >= span:
+        return None
+    middle = (low + high) / 2
+    return middle - span / 2, middle + span / 2
 
 
 def write_plot(rows: list[dict[str, Any]], sweep_dir: Path) -> Path:
@@ -142,6 +196,7 @@ def write_plot(rows: list[dict[str, Any]], sweep_dir: Path) -> Path:
     fig, (quality, cost) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     rate = cost.twinx() if speed_key else None
     markers = "os^Dvx*"
+    plotted: dict[str, list[float]] = {}
     for i, (label, points) in enumerate(lines.items()):
         xs = [str(x) if not isinstance(x, int | float) else x for x, _ in points]
         style = markers[i % len(markers)] + ("" if search or len(set(xs)) < len(xs) else "-")
@@ -151,17 +206,20 @@ def write_plot(rows: list[dict[str, Any]], sweep_dir: Path) -> Path:
                      if r.get(f"{split}/{unit}") is not None]
             if drawn:
                 quality.plot(*zip(*drawn, strict=True), style, label=split + suffix)
+                plotted.setdefault(split, []).extend(y for _, y in drawn)
         cost.plot(xs, [r["cache_mb"] for _, r in points], style, color="tab:red")
         if rate is not None:
             drawn = [(x, r[speed_key]) for x, (_, r) in zip(xs, points, strict=True) if r.get(speed_key)]
             if drawn:
                 rate.plot(*zip(*drawn, strict=True), style, color="tab:blue")
     if search:
-        for x, r in lines[""]:
-            if r.get(f"val/{unit}") is not None:
-                quality.annotate(", ".join(f"{k}={v}" for k, v in r["varied"].items() if k != key),
-                                 (x, r[f"val/{unit}"]), fontsize=6)
-    quality.set(xlabel=key, ylabel=unit, title=f"{unit} against {key}")
+        annotate_points(quality, key, unit, lines[""])
+    quality.set(xlabel=key, ylabel=unit)
+    quality.set_title(spread_title(unit, key, plotted), fontsize=10)
+    quality.margins(y=0.1)  # room for the points' labels
+    limits = quality_limits([y for v in plotted.values() for y in v])
+    if limits is not None:
+        quality.set_ylim(*limits)
     quality.legend(fontsize=7)
     cost.set(xlabel=key, title=f"cost against {key}")
     evaluation = all("run_data" in r for r in measured)  # jobs of python -m xl.evaluate: evaluation's cache

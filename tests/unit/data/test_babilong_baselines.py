@@ -1,0 +1,139 @@
+"""The rules that need no memory of the asked entity (xl.babilong.baselines), each on hand-made stories of qa1–qa5
+whose right answers and expected accuracies are worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from xl.babilong.baselines import RULES, candidates, entity_labels, expected, last_named
+from xl.data.babilong.samples import stories
+from xl.data.babilong.tasks import Story
+
+
+def story(task: str, facts: str, question: str, answer: str) -> Story:
+    return Story(task, tuple(f.strip() + "." for f in facts.split(".") if f.strip()), question, answer, ())
+
+
+QA1 = [
+    # last move: Mary to the office (wrong: John is in the garden); John visited hallway, garden: 1/2
+    story("qa1", "John went to the hallway. John moved to the garden. Mary travelled to the office.",
+          "Where is John?", "garden"),
+    # last move: Sandra to the kitchen (right); Sandra visited bedroom, kitchen: 1/2
+    story("qa1", "Sandra went back to the bedroom. Daniel moved to the office. Sandra journeyed to the kitchen.",
+          "Where is Sandra?", "kitchen"),
+    # last move: Daniel to the bathroom (right); Daniel visited bathroom only: 1/1
+    story("qa1", "Mary went to the garden. Daniel went to the bathroom.", "Where is Daniel?", "bathroom"),
+    # last move: Mary to the garden (wrong); Daniel visited office: 1/1
+    story("qa1", "Daniel went to the office. Mary moved to the garden.", "Where is Daniel?", "office"),
+]
+
+
+def test_qa1_by_hand():
+    assert [last_named("qa1", s) for s in QA1] == ["office", "kitchen", "bathroom", "garden"]
+    assert [entity_labels("qa1", s) for s in QA1] == [["garden", "hallway"], ["bedroom", "kitchen"], ["bathroom"],
+                                                      ["office"]]
+    right = expected("qa1", QA1)
+    assert right["last named"] == 2  # the second and third
+    assert right["most frequent"] == 1  # four answers, each once
+    assert right["uniform"] == pytest.approx(4 / 6)
+    assert right["entity's labels"] == pytest.approx(1 / 2 + 1 / 2 + 1 + 1)
+
+
+QA2 = [
+    # The apple's holder Mary went to the kitchen, then John to the garden: last named garden (wrong). The apple's
+    # places: where its holder Mary went (office, kitchen): 1/2.
+    story("qa2", "Mary went to the office. Mary picked up the apple there. Mary went to the kitchen. "
+                 "John moved to the garden.", "Where is the apple?", "kitchen"),
+    # The milk's holders: Sandra (got it) and Daniel (got it after she dropped it). Sandra went to the hallway,
+    # Daniel to the hallway and then the bedroom; last named bedroom (right); places: hallway, bedroom: 1/2.
+    story("qa2", "Sandra went to the hallway. Sandra got the milk. Daniel went to the hallway. "
+                 "Sandra dropped the milk. Daniel took the milk there. Daniel travelled to the bedroom.",
+          "Where is the milk?", "bedroom"),
+]
+
+
+def test_qa2_by_hand():
+    assert [last_named("qa2", s) for s in QA2] == ["garden", "bedroom"]
+    assert [entity_labels("qa2", s) for s in QA2] == [["kitchen", "office"], ["bedroom", "hallway"]]
+    right = expected("qa2", QA2)
+    assert (right["last named"], right["most frequent"]) == (1, 1)
+    assert right["uniform"] == pytest.approx(2 / 6)
+    assert right["entity's labels"] == pytest.approx(1 / 2 + 1 / 2)
+
+
+QA3 = [
+    # "before the kitchen": the kitchen is never a candidate, so the last named place is the garden (the apple's
+    # holder John was there before: right). The apple's places other than the kitchen: garden: 1/1.
+    story("qa3", "John went to the garden. John got the apple there. John went to the kitchen.",
+          "Where was the apple before the kitchen?", "garden"),
+    # Candidates leave out the office; the last other place named is the bathroom (Mary's: wrong, the football was in
+    # the hallway). The football's holder Sandra went to the hallway and the office: hallway alone, 1/1.
+    story("qa3", "Sandra went to the hallway. Sandra grabbed the football. Sandra moved to the office. "
+                 "Mary moved to the bathroom.", "Where was the football before the office?", "hallway"),
+]
+
+
+def test_qa3_by_hand():
+    assert "kitchen" not in candidates("qa3", QA3[0].question)
+    assert [last_named("qa3", s) for s in QA3] == ["garden", "bathroom"]
+    assert [entity_labels("qa3", s) for s in QA3] == [["garden"], ["hallway"]]
+    right = expected("qa3", QA3)
+    assert (right["last named"], right["most frequent"], right["entity's labels"]) == (1, 1, 2)
+
+
+QA4 = [
+    # Names in order: bathroom, hallway, hallway, bedroom; less the hallway (asked): bedroom last (right). The
+    # hallway is named with the bathroom and the bedroom: 1/2.
+    story("qa4", "The bathroom is east of the hallway. The hallway is east of the bedroom.",
+          "What is the hallway east of?", "bedroom"),
+    # Names: hallway, bedroom, bathroom, hallway; less the hallway: bathroom last (wrong: the bedroom is east of it).
+    story("qa4", "The hallway is west of the bedroom. The bathroom is west of the hallway.",
+          "What is east of the hallway?", "bedroom"),
+]
+
+
+def test_qa4_by_hand():
+    assert [last_named("qa4", s) for s in QA4] == ["bedroom", "bathroom"]
+    assert [entity_labels("qa4", s) for s in QA4] == [["bathroom", "bedroom"], ["bathroom", "bedroom"]]
+    right = expected("qa4", QA4)
+    assert (right["last named"], right["most frequent"]) == (1, 2)  # both answers are the bedroom
+    assert right["entity's labels"] == pytest.approx(1)
+    assert right["uniform"] == pytest.approx(2 / 6)
+
+
+QA5 = [
+    # "Who gave the milk to Fred?": people other than Fred, the last named is Jeff (of the move: wrong). The facts that
+    # name the milk or Fred name Bill (and Fred): 1/1.
+    story("qa5", "Bill got the milk there. Bill gave the milk to Fred. Jeff went to the garden.",
+          "Who gave the milk to Fred?", "Bill"),
+    # "What did Bill give to Fred?": objects; the last named is the apple (wrong). Facts naming Bill or Fred name the
+    # milk and the football: 1/2.
+    story("qa5", "Bill gave the milk to Fred. Fred took the football. Mary grabbed the apple.",
+          "What did Bill give to Fred?", "milk"),
+    # "Who received the apple?": people; the last named is Bill, of the move (wrong). Facts naming the apple name
+    # Jeff and Mary: 1/2.
+    story("qa5", "Jeff passed the apple to Mary. Bill went to the office.", "Who received the apple?", "Mary"),
+]
+
+
+def test_qa5_by_hand():
+    assert candidates("qa5", QA5[1].question) == ["apple", "football", "milk"]
+    assert candidates("qa5", QA5[0].question) == ["Bill", "Jeff", "Mary"]
+    assert [last_named("qa5", s) for s in QA5] == ["Jeff", "apple", "Bill"]
+    assert [entity_labels("qa5", s) for s in QA5] == [["Bill"], ["football", "milk"], ["Jeff", "Mary"]]
+    right = expected("qa5", QA5)
+    assert (right["last named"], right["most frequent"]) == (0, 1)
+    assert right["uniform"] == pytest.approx(3 / 7)
+    assert right["entity's labels"] == pytest.approx(1 + 1 / 2 + 1 / 2)
+
+
+@pytest.mark.parametrize("task", ["qa1", "qa2", "qa3", "qa4", "qa5"])
+def test_on_generated_stories_the_answer_is_always_among_the_entity_labels(task):
+    """The rule draws among places the facts tie to the entity: the answer is always one of them, so no story falls
+    back to all candidates, and the last named label is always a candidate."""
+    for s in itertools.islice(stories(task, "test", 0), 200):
+        assert s.answer in entity_labels(task, s), s
+        assert last_named(task, s) in candidates(task, s.question)
+    assert set(expected(task, [])) == set(RULES)
