@@ -6,8 +6,9 @@ setting that changes a cell's samples or answers. A rerun into the same folder t
 identity and scores only the others; a file of another identity is refused in one sentence, so that cells of two
 settings are never mixed.
 
-SIGTERM and SIGINT (Ctrl+C) end the scoring with one sentence that says what is kept and how to go on, and exit
-status 128 + the signal's number. A signal that comes while ``results.json`` is written waits for the write to end.
+SIGTERM, SIGINT (Ctrl+C) and SIGUSR1 end the scoring as they end xl.evaluate (:mod:`xl.training.signals`): one
+sentence that says what is kept and how to go on, and exit status 128 + the signal's number. A signal that comes
+while ``results.json`` is written waits for the write to end.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,18 +27,7 @@ from omegaconf import DictConfig
 from xl.babilong.report import Cell
 from xl.config.rules import ConfigError
 from xl.data.babilong.lengths import length_name
-from xl.training.console import to_log_files
-
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-class Stopped(BaseException):
-    """A signal asked the scoring to stop (a BaseException, as KeyboardInterrupt is, so no ``except Exception``
-    swallows it)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+from xl.training.signals import SIGNALS, Stopped, end_stopped
 
 
 def identity(cfg: DictConfig, checkpoint: Any, decoding: str, background: str, device: str) -> dict[str, Any]:
@@ -91,9 +80,9 @@ def stop_sentence(signum: int, progress: Progress) -> str:
 
 
 class SignalStop:
-    """While entered: SIGTERM and SIGINT raise :class:`Stopped` (or, inside :meth:`held`, when it ends); on leaving,
-    the handlers before are back. A :class:`Stopped` that leaves the block prints :func:`stop_sentence` and exits
-    128 + the signal's number."""
+    """While entered: the stopping signals raise :class:`~xl.training.signals.Stopped` (or, inside :meth:`held`, when
+    it ends); on leaving, the handlers before are back. A :class:`Stopped` that leaves the block ends the command
+    with :func:`stop_sentence` and exit status 128 + the signal's number (:func:`xl.training.signals.end_stopped`)."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
@@ -126,7 +115,4 @@ class SignalStop:
         for s, handler in self.before.items():
             signal.signal(s, handler)
         if isinstance(error, Stopped):
-            sentence = stop_sentence(error.signum, self.progress)
-            to_log_files(sentence)
-            print(sentence, file=sys.stderr, flush=True)
-            sys.exit(128 + error.signum)
+            end_stopped(error, stop_sentence(error.signum, self.progress))
