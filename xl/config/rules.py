@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.bounds import is_int, schema_bounds, shown
@@ -132,6 +134,34 @@ def check_trainer(cfg: DictConfig) -> None:
             check_arguments(node, f"{group}.{name}")
     check_monitors(cfg.get("callbacks"), cfg.data.tokenizer)
     check_compile(cfg.compile)
+
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def check_sweep_objective(cfg: DictConfig) -> None:
+    """A sweeper that searches (Optuna: every sweeper but Hydra's basic one) minimises what each job returns, the
+    validation loss: refuse, in the first job and before any work, a sweep in which no validation would run."""
+    if not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN or hydra_cfg.sweeper.get("_target_") == BASIC_SWEEPER:
+        return
+    trainer = cfg.trainer
+    if not cfg.train:
+        raise ConfigError("the sweeper minimises each job's val/loss, which train=false never computes; "
+                          "set train=true")
+    if trainer.limit_val_batches == 0:
+        raise ConfigError("the sweeper minimises each job's val/loss, which trainer.limit_val_batches=0 never "
+                          "computes; set trainer.limit_val_batches above 0")
+    interval, every_epoch, max_steps = trainer.val_check_interval, trainer.check_val_every_n_epoch, trainer.max_steps
+    if not is_int(interval) or every_epoch is not None or max_steps < 0:
+        return  # by fractions of an epoch: how many the steps cover depends on the data
+    per_step = trainer.accumulate_grad_batches * (cfg.memory.get("grad_segments") or 1)  # segments per step
+    if interval > max_steps * per_step:
+        raise ConfigError(f"the sweeper minimises each job's val/loss, but no validation runs within "
+                          f"trainer.max_steps={max_steps}; set trainer.val_check_interval to at most "
+                          f"{max_steps * per_step}")
 
 
 def check_arguments(node: Any, key: str) -> None:
@@ -276,6 +306,7 @@ def check_config(cfg: DictConfig, vocabulary: Callable[[], int]) -> None:
         check_trainer(cfg)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    check_sweep_objective(cfg)
 
 
 def check_evaluate_config(cfg: DictConfig, model: Mapping[str, Any] | None = None, attn_len: int | None = None
