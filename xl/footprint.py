@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", nargs="*", metavar="KEY=VALUE",
                         help="estimate the run of `python train.py KEY=VALUE ...` (the estimate train.py checks)")
     parser.add_argument("--mem-len", type=int)
-    parser.add_argument("--cmem-len", type=int, default=0,
-                        help="memory.cmem_len: compressed slots per layer a compressive memory keeps beyond mem_len")
+    parser.add_argument("--slots", type=int, default=0,
+                        help="vectors per layer a memory keeps beyond mem_len (compressed slots, Rae et al., 2019)")
     parser.add_argument("--d-model", type=int)
     parser.add_argument("--n-layer", type=int)
     parser.add_argument("--batch", type=int, default=1)
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = XLConfig(vocab_size=args.vocab, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
                        d_head=args.d_head, d_inner=args.d_inner, mem_len=args.mem_len)
         params = [count_parameters(cfg)] + [None] * (len(dtypes) - 1)
-    print(format_table([cache_footprint(*shape, args.batch, dtype, args.cmem_len) for dtype in dtypes], params))
+    print(format_table([cache_footprint(*shape, args.batch, dtype, args.slots) for dtype in dtypes], params))
     if params is not None and args.tgt_len:
         per = segment_activation_bytes(cfg, args.batch, args.tgt_len) / MiB
         k = args.grad_segments

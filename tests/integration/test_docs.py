@@ -571,3 +571,15 @@ def test_every_link_of_the_docs_leads_somewhere():
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
                 broken.append(f"{path.name}: {target} (no such heading)")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in SCALE if n not in HYDRA_CONFIGS and n not in (
+    "xl.config.reference", "xl.export")))
+def test_a_commands_help_is_plain_text(name, monkeypatch, capsys):
+    """``--help`` of the argparse commands: their descriptions come from docstrings, without reST's markup."""
+    monkeypatch.setattr(sys, "argv", [name, "--help"])
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+    out = capsys.readouterr().out
+    assert stop.value.code == 0 and out.startswith("usage:"), out
+    assert not re.search(r"``|:(mod|func|class|meth):", out), out

@@ -91,7 +91,7 @@ def test_compressed_slots_are_counted_in_the_cache_and_the_command(capsys):
     estimate = run_footprint(config, batch_size=B, tgt_len=4, eval_batch_size=B, eval_mem_len=eval_mem_len)
     assert estimate.train_memory == nbytes(train.mems) == (6 + 4) * config.d_model * config.n_layer * B * 4
     assert estimate.eval_memory == nbytes(eval_.mems) + keys_values
-    main(["--mem-len", "768", "--cmem-len", "768", "--d-model", "1024", "--n-layer", "24", "--dtype", "float32"])
+    main(["--mem-len", "768", "--slots", "768", "--d-model", "1024", "--n-layer", "24", "--dtype", "float32"])
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("768m+768s")]
     assert "37,748,736" in row and " 144.0 " in row
 
