@@ -123,12 +123,13 @@ def train_main(cfg: DictConfig) -> float | None:
         return fit_and_test(cfg).get("val/loss")
 
 
-def main() -> float | None:
-    """The command line; returns the validation loss of the run (the objective of sweepers such as Optuna)."""
+def main() -> None:
+    """The command line (``xl-train``, which hands what it returns to sys.exit). Each job's validation loss, the
+    objective of sweepers such as Optuna, is what :func:`train_main` returns to Hydra."""
     quiet_warnings()
     with exit_on_user_error():
         sys.argv[1:] = continue_run(sys.argv[1:])
-    return train_main()
+    train_main()
 
 
 if __name__ == "__main__":

@@ -583,3 +583,17 @@ def test_a_commands_help_is_plain_text(name, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert stop.value.code == 0 and out.startswith("usage:"), out
     assert not re.search(r"``|:(mod|func|class|meth):", out), out
+
+
+def test_the_console_scripts_return_nothing_to_print():
+    """pip's ``xl-*`` scripts run ``sys.exit(main())``: a function that returns its results (xl-bench's dict, the
+    training's validation loss) would have them printed after the output and the command exit with status 1."""
+    import importlib
+
+    section = (ROOT / "pyproject.toml").read_text().split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    scripts = re.findall(r'^([\w-]+)\s*=\s*"([\w.]+):(\w+)"', section, re.M)
+    assert len(scripts) > 5, section
+    for name, module, function in scripts:
+        target = f"{module}:{function}"
+        returns = inspect.signature(getattr(importlib.import_module(module), function)).return_annotation
+        assert returns in (None, "None"), f"{name} = {target} returns {returns}"

@@ -157,7 +157,14 @@ def build_config(overrides: list[str]) -> XLConfig:
     return XLConfig(**values)
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def main(argv: list[str] | None = None) -> None:
+    """The command (``xl-bench``): the table only (a console script hands what its function returns to sys.exit,
+    which would print it)."""
+    measure(argv)
+
+
+def measure(argv: list[str] | None = None) -> dict[str, float]:
+    """Print the table of the parts asked for, and return their figures."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = build_config(args.set)
