@@ -91,3 +91,23 @@ def test_debug_quick_validates_tests_a_few_batches_and_keeps_a_best_checkpoint_w
     run = tmp_path / "run"
     assert {p.name for p in (run / "checkpoints").glob("step*.ckpt")} & {"step0000015.ckpt", "step0000030.ckpt"}
     assert json.loads((run / "results.json").read_text())["steps"] == 30
+
+
+def test_the_results_block_names_both_checkpoints_and_every_logs_folder(tmp_path, corpus, caplog):
+    """One validation, at the last step: the best checkpoint is the final step's, and the test from it gave the
+    callback the state that checkpoint recorded, without last.ckpt: the block lost its "last checkpoint" line. It
+    names where the CSV and TensorBoard logs went."""
+    from xl.train import fit_and_test
+
+    overrides = [o for o in tiny_overrides(tmp_path, corpus) if not o.startswith("logger=")]
+    cfg = compose_config(*overrides, "trainer.max_steps=10", "trainer.val_check_interval=10",
+                         "logger=[csv,tensorboard]")
+    with caplog.at_level("INFO", logger="train"):
+        fit_and_test(cfg)
+    (block,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("results\n")]
+    run = tmp_path / "run"
+    assert f"  best checkpoint: {run / 'checkpoints' / 'step0000010.ckpt'}\n" in block
+    assert f"  last checkpoint: {run / 'checkpoints' / 'last.ckpt'}\n" in block
+    assert f"  CSV log: {run / 'csv' / 'metrics.csv'}\n" in block and (run / "csv" / "metrics.csv").is_file()
+    assert f"  TensorBoard log: {run / 'tensorboard'} (tensorboard --logdir {run / 'tensorboard'})" in block
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
