@@ -6,7 +6,8 @@ shape, the memory's variants, the compression rate, windows of ``grad_segments``
 callbacks and loggers (:func:`check_trainer`: the arguments each ``_target_`` takes, a misspelt ``+trainer.X`` among
 them; the strategy's name, which Lightning would refuse only when the trainer is built, over several sentences; the
 metric a callback monitors, which Lightning would refuse at the first validation, as a traceback; the compile
-backend).
+backend), and, under a searching sweeper such as Optuna, that the objective it minimises is computed at all
+(:func:`check_sweep_objective`).
 :func:`check_device` and :func:`check_fits` add what the machine allows. The model's own checks (:func:`check_model`,
 :func:`check_context`, :func:`check_adaptive`) serve :class:`xl.model.config.XLConfig` and the evaluation overrides
 of a checkpoint as well, so a Python user gets the same sentences.
