@@ -17,9 +17,11 @@ from omegaconf import DictConfig
 import xl.config.schema  # noqa: F401 (registers the schemas that conf/ names, as the entry points do)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("WANDB_SILENT", "true")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Whatever the shell says: W&B writes offline runs, datasets reads its cache only. Tests of the hub's reach set or
+# clear HF_HUB_OFFLINE themselves (tests/helpers/hub_env.py).
+os.environ["WANDB_MODE"] = "offline"
+os.environ["WANDB_SILENT"] = "true"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
 # Tiny models run fastest on one thread, and a busy 2-core machine makes 2 threads crawl (spin-waiting).
 torch.set_num_threads(1)
 

@@ -68,6 +68,9 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         with stopping(trainer, run_dir):
             trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    # The fit's checkpoints, before a test from one of them gives the callback the state that checkpoint recorded
+    # (the best one, written before last.ckpt, records no last checkpoint).
+    saved = checkpoints(trainer)
     if cfg.test:
         best = model_checkpoint(trainer).best_model_path if model_checkpoint(trainer) else ""
         ckpt = str(run.resume.best_path()) if run.resume and run.resume.finished else best or (
@@ -76,7 +79,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
             results = trainer.test(module, datamodule=datamodule, ckpt_path=ckpt, verbose=False, weights_only=True)
         for values in results:
             metrics.update({k: float(v) for k, v in values.items()})
-    report(trainer, module, metrics)
+    report(trainer, module, metrics, saved if any(saved) else checkpoints(trainer))
     return metrics
 
 
@@ -87,22 +90,33 @@ def model_checkpoint(trainer) -> ModelCheckpoint | None:
     return next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
 
 
-def report(trainer, module, metrics: dict[str, float]) -> None:
-    from lightning.pytorch.loggers import WandbLogger
+def checkpoints(trainer) -> tuple[str, str]:
+    """(best, last): the paths the ModelCheckpoint holds now ("" where none)."""
+    ckpt = model_checkpoint(trainer)
+    return (ckpt.best_model_path, ckpt.last_model_path) if ckpt is not None else ("", "")
+
+
+def report(trainer, module, metrics: dict[str, float], saved: tuple[str, str]) -> None:
+    """The results block: metrics, the checkpoints ``saved`` (best, last), and where the run and its logs are."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
     if not trainer.is_global_zero:  # one results block for a multi-process run
         return
     lines = [f"  {k:<10} {v:.4f}" for k, v in sorted(metrics.items())]
     params = sum(p.numel() for p in module.parameters())
     lines.append(f"  parameters: {params:,}")
-    ckpt = model_checkpoint(trainer)
-    if ckpt is not None and ckpt.best_model_path:
-        lines.append(f"  best checkpoint: {ckpt.best_model_path}")
-    if ckpt is not None and ckpt.last_model_path:
-        lines.append(f"  last checkpoint: {ckpt.last_model_path}")
+    best, last = saved
+    if best:
+        lines.append(f"  best checkpoint: {best}")
+    if last:
+        lines.append(f"  last checkpoint: {last}")
     lines.append(f"  run folder: {trainer.default_root_dir}")
     for logger in trainer.loggers:
-        if isinstance(logger, WandbLogger):
+        if isinstance(logger, CSVLogger):
+            lines.append(f"  CSV log: {Path(logger.log_dir) / 'metrics.csv'}")
+        elif isinstance(logger, TensorBoardLogger):
+            lines.append(f"  TensorBoard log: {Path(logger.log_dir)} (tensorboard --logdir {Path(logger.root_dir)})")
+        elif isinstance(logger, WandbLogger):
             run = logger.experiment
             where = wandb_upload(Path(run.dir).parent, run.id) if run.offline else run.url
             lines.append(f"  W&B run {run.id}: {where}")
@@ -122,13 +136,14 @@ def train_main(cfg: DictConfig) -> float | None:
         return fit_and_test(cfg).get("val/loss")
 
 
-def main() -> float | None:
-    """The command line; returns the validation loss of the run (the objective of sweepers such as Optuna)."""
+def main() -> None:
+    """The command line (``xl-train``, which hands what it returns to sys.exit). Each job's validation loss, the
+    objective of sweepers such as Optuna, is what :func:`train_main` returns to Hydra."""
     quiet_warnings()
     with exit_on_user_error():
         sys.argv[1:] = continue_run(sys.argv[1:])
     try:
-        return train_main()
+        train_main()
     finally:
         run_lock.release()  # the run folder's lock (xl.training.hydra_callbacks.ClaimRunFolder), however the run ended
 

@@ -6,11 +6,11 @@ import subprocess
 import sys
 
 from tests.helpers.paths import ROOT
-from xl.bench.throughput import main
+from xl.bench.throughput import measure
 
 
 def test_benchmark_reports_every_part(capsys):
-    results = main(["--steps", "1", "--warmup", "0", "--repeats", "1", "--threads", "1", "--batch", "2",
+    results = measure(["--steps", "1", "--warmup", "0", "--repeats", "1", "--threads", "1", "--batch", "2",
                     "--tgt-len", "8", "--set", "n_layer=1", "--set", "d_model=32", "--set", "d_head=8",
                     "--set", "d_inner=64", "--set", "mem_len=8"])
     assert results["train_tok_s"] > 0 and results["eval_tok_s"] > 0

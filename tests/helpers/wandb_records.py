@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import wandb
 from wandb.proto import wandb_internal_pb2
 
 HEADER = struct.Struct("<4sHB")  # ident, magic, version
@@ -21,8 +22,16 @@ BLOCK = 32768
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
+def written() -> None:
+    """Wait until W&B has written every record it was given. ``run.finish()`` returns when W&B's service process has
+    the records, not when its writer has flushed them to the file; ``wandb.teardown()`` returns when that process has
+    exited. A later run starts a new one."""
+    wandb.teardown()
+
+
 def records(path: Path) -> list[Any]:
-    """Every record of a ``.wandb`` file, in order."""
+    """Every record of a ``.wandb`` file, in order, once every writer has finished."""
+    written()
     data = path.read_bytes()
     ident, magic, version = HEADER.unpack_from(data)
     assert (ident, magic, version) == (b":W&B", 0xBEE1, 0), f"{path} is not a W&B transaction log"

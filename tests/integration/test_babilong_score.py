@@ -265,9 +265,10 @@ def test_a_signal_keeps_the_cells_finished_and_a_rerun_goes_on_from_them(qa1_run
     assert stop.value.code == 128 + signum
     err = capsys.readouterr().err
     name = signal.Signals(signum).name
-    assert err.strip().splitlines() == [f"error: stopped by {name}: 2 of 4 cells are kept in {out / 'results.json'} (marked "
-                                        f"incomplete); to score the other 2, rerun the same command with "
-                                        f"hydra.run.dir={out}"]
+    assert err.strip().splitlines() == [
+        f"error: stopped by {name}: 2 of 4 cells are kept in {out / 'results.json'} (marked "
+        f"incomplete); to score the other 2, rerun the same command with "
+        f"hydra.run.dir={out}"]
     kept = json.loads((out / "results.json").read_text())
     assert kept["complete"] is False
     assert [(c["task"], c["length"]) for c in kept["cells"]] == [("qa1", "0"), ("qa1", "300")]
@@ -300,8 +301,9 @@ def test_a_signal_before_any_cell_says_that_nothing_is_kept(qa1_run, tmp_path, m
     with pytest.raises(SystemExit) as stop:
         scored(qa1_run, tmp_path / "out", monkeypatch)
     assert stop.value.code == 130
-    assert capsys.readouterr().err.strip() == (f"error: stopped by SIGINT before any cell was scored; nothing is kept; rerun "
-                                               f"the same command with hydra.run.dir={tmp_path / 'out'} to start again")
+    assert capsys.readouterr().err.strip() == (
+        f"error: stopped by SIGINT before any cell was scored; nothing is kept; rerun "
+        f"the same command with hydra.run.dir={tmp_path / 'out'} to start again")
 
 
 def test_cells_of_other_settings_are_never_mixed_in(qa1_run, tmp_path, monkeypatch):

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tests.conftest import tiny_overrides
@@ -25,3 +28,25 @@ def test_a_plain_run_prints_progress_results_and_real_warnings_only(tmp_path, co
     assert "test/bpb" in out and "parameters: 27,200" in out and "W&B run " in out
     assert [noise for noise in NOISE if noise in out] == []
     assert list((tmp_path / "sweep" / "0" / "wandb").glob("offline-run-*/*.wandb")), "W&B still logs, silently"
+
+
+def test_faiss_loads_without_its_loader_lines():
+    """Under the commands' job logging, importing faiss (memory.knn_search=faiss) printed eight INFO lines of which
+    CPU build it tried. A fresh process: faiss prints them at its first import only."""
+    pytest.importorskip("faiss")
+    code = ("import logging.config\n"
+            "from hydra import compose, initialize_config_dir\n"
+            "from omegaconf import OmegaConf\n"
+            "from xl.config.compose import CONF_DIR\n"
+            "with initialize_config_dir(config_dir=str(CONF_DIR), version_base='1.3'):\n"
+            "    cfg = compose('config', return_hydra_config=True)\n"
+            "spec = OmegaConf.to_container(cfg.hydra.job_logging, resolve=False)\n"
+            "del spec['handlers']['file']\n"  # the run folder's log file: the console is what is checked
+            "spec['root']['handlers'] = ['console']\n"
+            "logging.config.dictConfig(spec)\n"
+            "logging.getLogger().info('shown')\n"
+            "import faiss\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout + result.stderr
+    assert "shown" in out and "faiss" not in out, out

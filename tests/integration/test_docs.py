@@ -22,6 +22,7 @@ fails the suite, and so does a listed command that no document shows any more.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import inspect
 import logging
@@ -482,6 +483,66 @@ def test_readme_is_one_screen_with_the_two_commands_first():
     assert CI_COMMAND in first_screen, "the README's test command is not .ci/run's, or not on its first screen"
 
 
+def prose_commands() -> list[Command]:
+    """``python …`` commands named in the Markdown's prose (inline code, outside fenced blocks), where a fenced block
+    does not show them: the blocks run, these are only parsed. ``…`` and ``[--option …]`` stand for what the reader
+    fills in and are left out."""
+    shown = {c.key for _, block in markdown_blocks() for c in block}
+    commands = []
+    for path in MARKDOWN:
+        text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+        for span in re.findall(r"(?<!`)`((?:[A-Z_]+=\S+ )*python [^`]+)`(?!`)", text):
+            span = re.sub(r"\s\[[^\]]*\]|\s\S*(…|\.\.\.)\S*", "", " ".join(span.split()))
+            command = Command(path.relative_to(ROOT).as_posix(), span)
+            if command.key not in shown:
+                shown.add(command.key)
+                commands.append(command)
+    return commands
+
+
+class Parsed(Exception):
+    """Raised by argparse's parse_args once it has accepted a command line: nothing after it runs."""
+
+
+def parse_only(args: list[str], monkeypatch) -> None:
+    """A command's arguments as its entry point reads them, without running it: Hydra composes the overrides, an
+    argparse command line is parsed (an unknown option exits 2 with argparse's message)."""
+    name, rest = entry_of(args)
+    if name in HYDRA_CONFIGS:
+        compose_only(args)
+        return
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self, *a, **kw):
+        original(self, *a, **kw)
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+    monkeypatch.setattr(sys, "argv", [name, *rest])
+    try:
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+    except Parsed:
+        return
+    except SystemExit as stop:
+        pytest.fail(f"python {' '.join(args)}: its parser refuses it (exit {stop.code})")
+    pytest.fail(f"python {' '.join(args)} parsed no arguments")
+
+
+def test_commands_named_in_the_prose_parse(monkeypatch):
+    """An inline command (``python -m xl.footprint --cmem-len 64`` in a sentence) names options its entry point has
+    and overrides its config composes, as the fenced blocks' commands do when they run."""
+    checked = []
+    for command in prose_commands():
+        args = shlex.split(command.text)[1:]
+        name, rest = entry_of(args)
+        if (not rest or name == "pytest" or name.startswith("tests.") or name not in SCALE
+                or any(a.startswith("hydra.searchpath=") for a in rest)):
+            continue  # an entry point named, not a command; the suite; tests run as scripts; the reader's own configs
+        parse_only(args, monkeypatch)
+        checked.append(command.text)
+    assert any("xl.footprint" in c for c in checked), checked
+
+
 def test_every_skipped_command_is_still_shown():
     shown = {c.key for _, block in markdown_blocks() + docstring_commands() for c in block}
     assert not set(SKIP) - shown, f"SKIP lists commands no document shows: {sorted(set(SKIP) - shown)}"
@@ -513,3 +574,29 @@ def test_every_link_of_the_docs_leads_somewhere():
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
                 broken.append(f"{path.name}: {target} (no such heading)")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in SCALE if n not in HYDRA_CONFIGS and n not in (
+    "xl.config.reference", "xl.export")))
+def test_a_commands_help_is_plain_text(name, monkeypatch, capsys):
+    """``--help`` of the argparse commands: their descriptions come from docstrings, without reST's markup."""
+    monkeypatch.setattr(sys, "argv", [name, "--help"])
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+    out = capsys.readouterr().out
+    assert stop.value.code == 0 and out.startswith("usage:"), out
+    assert not re.search(r"``|:(mod|func|class|meth):", out), out
+
+
+def test_the_console_scripts_return_nothing_to_print():
+    """pip's ``xl-*`` scripts run ``sys.exit(main())``: a function that returns its results (xl-bench's dict, the
+    training's validation loss) would have them printed after the output and the command exit with status 1."""
+    import importlib
+
+    section = (ROOT / "pyproject.toml").read_text().split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    scripts = re.findall(r'^([\w-]+)\s*=\s*"([\w.]+):(\w+)"', section, re.M)
+    assert len(scripts) > 5, section
+    for name, module, function in scripts:
+        target = f"{module}:{function}"
+        returns = inspect.signature(getattr(importlib.import_module(module), function)).return_annotation
+        assert returns in (None, "None"), f"{name} = {target} returns {returns}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 
 import xl.export
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
+from tests.helpers.hub_env import hub_offline, hub_unreachable
 from tests.helpers.paths import ROOT
 from xl import train
 from xl.convert.cli import main as convert_main
@@ -113,12 +113,6 @@ def test_the_shared_folder_fine_tunes_from_its_own_weights(shared, corpus, tmp_p
         build_run(compose_config(*[o for o in overrides if not o.startswith("init_from")], f"ckpt_path={start}"))
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_push_or_folder_that_cannot_work_is_refused_before_anything_is_written(run, shared, tmp_path,
                                                                                   monkeypatch):
     def export(*extra: str) -> None:
@@ -128,12 +122,11 @@ def test_a_push_or_folder_that_cannot_work_is_refused_before_anything_is_written
     out = tmp_path / "out"
     with pytest.raises(SystemExit, match=r"^error: push=nobody is not a hub repository id like org/name$"):
         export(f"out={out}", "push=nobody")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_offline(monkeypatch)
     with pytest.raises(SystemExit, match=rf"^error: push=me/tiny-xl needs the Hugging Face hub but HF_HUB_OFFLINE "
                                          rf"is set; leave push unset, and upload {re.escape(str(out))} later$"):
         export(f"out={out}", "push=me/tiny-xl")
-    monkeypatch.delenv("HF_HUB_OFFLINE")
-    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+    hub_unreachable(monkeypatch)
     with pytest.raises(SystemExit, match=r"^error: push=me/tiny-xl needs the Hugging Face hub but 127\.0\.0\.1 "
                                          r"cannot be reached \(\[Errno 111\] Connection refused\)"):
         export(f"out={out}", "push=me/tiny-xl")

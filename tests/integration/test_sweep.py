@@ -133,6 +133,20 @@ def test_optuna_search_runs_two_trials(tmp_path, corpus, monkeypatch):
     assert min(float(r["val/loss"]) for r in table) == pytest.approx(best.best_value)
 
 
+def test_a_search_whose_objective_is_never_computed_is_refused_before_any_trial_trains(tmp_path, corpus, monkeypatch):
+    """Optuna minimises each job's val/loss: with no validation within max_steps every trial returned None and the
+    sweep ended in Optuna's traceback "No trials are completed yet" after training them all."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install hydra-optuna-sweeper")
+    search = ["hydra/sweeper=optuna_mem", "hydra.sweeper.n_trials=3"]
+    with pytest.raises(SystemExit, match=r"^error: the sweeper minimises each job's val/loss, but no validation runs "
+                                         r"within trainer.max_steps=5; set trainer.val_check_interval to at most 5$"):
+        run_train(sweep_argv(tmp_path, corpus, *search, "trainer.max_steps=5"), monkeypatch)
+    with pytest.raises(SystemExit, match=r"^error: the sweeper minimises each job's val/loss, which "
+                                         r"trainer.limit_val_batches=0 never computes; set trainer.limit_val_batches"):
+        run_train(sweep_argv(tmp_path, corpus, *search, "trainer.limit_val_batches=0"), monkeypatch)
+    assert not list((tmp_path / "sweep").rglob("*.ckpt")) and not list((tmp_path / "sweep").rglob("results.json"))
+
+
 def test_wandb_sweep_config_is_valid_for_train_py():
     spec = yaml.safe_load((ROOT / "sweeps" / "mem_len.yaml").read_text())
     assert (ROOT / spec["program"]).is_file() and spec["method"] in ("bayes", "grid", "random")

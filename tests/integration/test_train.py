@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -70,3 +71,43 @@ def test_cpu_half_precision_is_refused_with_the_alternative(tmp_path, corpus):
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), "precision=16-mixed")
     with pytest.raises(ValueError, match="use precision=32-true on CPU"):
         build_run(cfg)
+
+
+@pytest.mark.parametrize("memory", sorted(p.stem for p in (CONF_DIR / "memory").glob("*.yaml")))
+def test_debug_quick_validates_tests_a_few_batches_and_keeps_a_best_checkpoint_with_every_memory(memory, tmp_path,
+                                                                                                  corpus):
+    """``debug=quick`` as the README gives it, with each memory option, on the tiny model: its 30 steps reach two
+    validations, a best checkpoint and a test of a few batches; the retrieval memory's store is sized down."""
+    from xl.train import fit_and_test
+
+    data = [o for o in tiny_overrides(tmp_path, corpus) if not o.startswith(("trainer.", "memory."))]
+    cfg = compose_config(*data, "debug=quick", f"memory={memory}")
+    trainer = cfg.trainer
+    assert (trainer.max_steps, trainer.val_check_interval, trainer.limit_val_batches, trainer.limit_test_batches) == \
+        (30, 15, 8, 8)
+    assert cfg.memory.get("knn_size", 1024) == 1024  # the retrieval memory's 65,536 entries: 1,024
+    metrics = fit_and_test(cfg)
+    assert {"val/loss", "test/loss"} <= set(metrics)
+    run = tmp_path / "run"
+    assert {p.name for p in (run / "checkpoints").glob("step*.ckpt")} & {"step0000015.ckpt", "step0000030.ckpt"}
+    assert json.loads((run / "results.json").read_text())["steps"] == 30
+
+
+def test_the_results_block_names_both_checkpoints_and_every_logs_folder(tmp_path, corpus, caplog):
+    """One validation, at the last step: the best checkpoint is the final step's, and the test from it gave the
+    callback the state that checkpoint recorded, without last.ckpt: the block lost its "last checkpoint" line. It
+    names where the CSV and TensorBoard logs went."""
+    from xl.train import fit_and_test
+
+    overrides = [o for o in tiny_overrides(tmp_path, corpus) if not o.startswith("logger=")]
+    cfg = compose_config(*overrides, "trainer.max_steps=10", "trainer.val_check_interval=10",
+                         "logger=[csv,tensorboard]")
+    with caplog.at_level("INFO", logger="train"):
+        fit_and_test(cfg)
+    (block,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("results\n")]
+    run = tmp_path / "run"
+    assert f"  best checkpoint: {run / 'checkpoints' / 'step0000010.ckpt'}\n" in block
+    assert f"  last checkpoint: {run / 'checkpoints' / 'last.ckpt'}\n" in block
+    assert f"  CSV log: {run / 'csv' / 'metrics.csv'}\n" in block and (run / "csv" / "metrics.csv").is_file()
+    assert f"  TensorBoard log: {run / 'tensorboard'} (tensorboard --logdir {run / 'tensorboard'})" in block
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))

@@ -45,6 +45,7 @@ from xl.data.sources import StdlibSource
 from xl.data.tokenizers import make_tokenizer
 from xl.evaluate import Evaluator
 from xl.model.config import XLConfig
+from xl.training.console import plain_text
 
 MODES = ("evaluate", "read", "score")
 TASK = "qa1"
@@ -151,7 +152,7 @@ def format_peaks(peaks: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(prog="python -m xl.bench.babilong", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xl.bench.babilong", description=plain_text(__doc__.splitlines()[0]))
     p.add_argument("--experiment", default="babilong", help="a conf/experiment overlay's model and segments, or S")
     p.add_argument("--length", default="2k", help="context length of the speed rounds, in tokens (1k = 1,000)")
     p.add_argument("--batch", type=int, default=8, help="rows read at once (the scorer's batch_size)")

@@ -27,6 +27,7 @@ from xl.memory.compressive import CompressiveConfig
 from xl.model.config import XLConfig
 from xl.model.decoding import IncrementalDecoder
 from xl.model.transformer import TransformerXL
+from xl.training.console import plain_text
 
 MODES = ("train", "eval", "decode")
 
@@ -82,7 +83,7 @@ def rates(mem_len: int, rate: int, batch: int, tgt_len: int, steps: int, decode:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(prog="python -m xl.bench.compressive", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xl.bench.compressive", description=plain_text(__doc__.splitlines()[0]))
     p.add_argument("--mem-len", type=int, default=128, help="M: the plain memory; the compressive one has M/2 + M/2")
     p.add_argument("--rate", type=int, default=2, help="compression rate of the compressive memory")
     p.add_argument("--batch", type=int, default=8)

@@ -19,6 +19,7 @@ from xl.bench.shared import CONFIG_S, interleaved_rates, report_ratios
 from xl.model.config import XLConfig
 from xl.model.documents import Documents
 from xl.model.transformer import TransformerXL, XLOutput
+from xl.training.console import plain_text
 
 CONDITIONS = ("none", "far", "boundaries")
 
@@ -67,7 +68,7 @@ def rates(cfg: XLConfig, batch: int, tgt_len: int, steps: int, doc_len: int, rou
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(prog="python -m xl.bench.documents", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xl.bench.documents", description=plain_text(__doc__.splitlines()[0]))
     p.add_argument("--steps", type=int, default=4, help="segments per timed repeat")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the median ratio is reported")
     p.add_argument("--threads", type=int, default=1)

@@ -26,6 +26,7 @@ from xl.bench.shared import CONFIG_S, cpu_model, median_rate
 from xl.evaluate import vanilla_nll
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
+from xl.training.console import plain_text
 
 
 def xl_seconds_per_token(model: TransformerXL, attn_len: int, tgt_len: int, batch: int, repeats: int) -> float:
@@ -85,7 +86,7 @@ def format_table(rows: list[dict[str, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, float]]:
-    p = argparse.ArgumentParser(prog="python -m xl.bench.evalspeed", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xl.bench.evalspeed", description=plain_text(__doc__.splitlines()[0]))
     p.add_argument("--attn-lens", type=int, nargs="+", default=[128, 256, 512, 1024])
     p.add_argument("--tgt-len", type=int, default=128, help="Transformer-XL segment: tokens predicted per forward")
     p.add_argument("--batch", type=int, default=8)

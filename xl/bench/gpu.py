@@ -20,6 +20,7 @@ from xl.bench.shared import CONFIG_S
 from xl.config.compose import compose
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
+from xl.training.console import plain_text
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "32-true": None}  # precision → autocast dtype
 CLIP = 0.25  # trainer.gradient_clip_val, the paper's clipping
@@ -118,7 +119,7 @@ def measure(experiment: str, precision: str, device: torch.device, steps: int, w
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(prog="python -m xl.bench.gpu", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xl.bench.gpu", description=plain_text(__doc__.splitlines()[0]))
     p.add_argument("--experiment", default="enwik8_base",
                    help="a character-level conf/experiment config (model, batch, lengths), with a 256-symbol head, "
                         "or S (config S of python -m xl.bench)")

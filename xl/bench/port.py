@@ -31,6 +31,7 @@ from xl.bench.runner import SegmentRunner, one_token_decoder, token_stream
 from xl.bench.shared import CONFIG_S, cpu_model
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL, XLOutput
+from xl.training.console import plain_text
 
 PORT_INSTALL = ('python -m venv --system-site-packages /tmp/port && /tmp/port/bin/pip install --no-deps '
                 '"transformers==4.30.2" safetensors regex "tokenizers==0.13.3"')
@@ -99,7 +100,7 @@ def interleaved(steps: dict[str, Callable[[], object]], tokens_per_step: int, bl
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(prog="python -m xl.bench.port", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xl.bench.port", description=plain_text(__doc__.splitlines()[0]))
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)

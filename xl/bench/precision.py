@@ -16,6 +16,7 @@ import torch
 from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S, cpu_model, interleaved_rates, report_ratios
 from xl.model.transformer import TransformerXL, XLConfig
+from xl.training.console import plain_text
 from xl.training.cpu import cpu_flags, native_bf16
 
 PRECISIONS = {"32-true": None, "bf16-mixed": torch.bfloat16}  # precision → autocast dtype
@@ -35,7 +36,7 @@ def rates(cfg: XLConfig, batch: int, tgt_len: int, steps: int, rounds: int) -> d
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(prog="python -m xl.bench.precision", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xl.bench.precision", description=plain_text(__doc__.splitlines()[0]))
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--tgt-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=4, help="segments per timed repeat")

@@ -24,6 +24,7 @@ from xl.bench.shared import CONFIG_S, cpu_model, median_rate
 from xl.model.attention import RelMultiHeadAttention
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
+from xl.training.console import plain_text
 
 
 def train_rate(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup: int, repeats: int) -> float:
@@ -127,7 +128,7 @@ def attention_ratios(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m xl.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xl.bench", description=plain_text(__doc__.splitlines()[0]))
     p.add_argument("--steps", type=int, default=10, help="segments per timed repeat")
     p.add_argument("--warmup", type=int, default=3, help="untimed repeats (of --steps segments) before timing")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is reported")
@@ -156,7 +157,14 @@ def build_config(overrides: list[str]) -> XLConfig:
     return XLConfig(**values)
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def main(argv: list[str] | None = None) -> None:
+    """The command (``xl-bench``): the table only (a console script hands what its function returns to sys.exit,
+    which would print it)."""
+    measure(argv)
+
+
+def measure(argv: list[str] | None = None) -> dict[str, float]:
+    """Print the table of the parts asked for, and return their figures."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = build_config(args.set)

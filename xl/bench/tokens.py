@@ -25,6 +25,7 @@ from xl.bench.shared import CONFIG_S, cpu_model, interleaved_rates, report_ratio
 from xl.memory.tokens import TokensConfig
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
+from xl.training.console import plain_text
 
 MODES = ("train", "eval")
 
@@ -52,7 +53,7 @@ def rates(mem_len: int, num_tokens: int, batch: int, tgt_len: int, steps: int, r
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(prog="python -m xl.bench.tokens", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m xl.bench.tokens", description=plain_text(__doc__.splitlines()[0]))
     p.add_argument("--mem-len", type=int, default=128, help="M: the cache of the plain memory and of M + n tokens")
     p.add_argument("--num-tokens", type=int, default=4, help="n: memory tokens")
     p.add_argument("--batch", type=int, default=8)

@@ -6,7 +6,8 @@ shape, the memory's variants, the compression rate, windows of ``grad_segments``
 callbacks and loggers (:func:`check_trainer`: the arguments each ``_target_`` takes, a misspelt ``+trainer.X`` among
 them; the strategy's name, which Lightning would refuse only when the trainer is built, over several sentences; the
 metric a callback monitors, which Lightning would refuse at the first validation, as a traceback; the compile
-backend).
+backend) and the schedule's (:mod:`xl.config.schedule`: an endless training split, a curriculum's stages, a searching
+sweeper's objective).
 :func:`check_device` and :func:`check_fits` add what the machine allows. The model's own checks (:func:`check_model`,
 :func:`check_context`, :func:`check_adaptive`) serve :class:`xl.model.config.XLConfig` and the evaluation overrides
 of a checkpoint as well, so a Python user gets the same sentences.
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.bounds import is_int, schema_bounds, shown
-from xl.config.curriculum import check_curriculum
+from xl.config.schedule import check_schedule
 from xl.memory import settings
 from xl.memory.settings import MEM_DTYPE_NAMES, MemoryConfig
 from xl.training import cpu
@@ -132,23 +133,8 @@ def check_trainer(cfg: DictConfig) -> None:
         for name, node in (cfg.get(group) or {}).items():
             check_arguments(node, f"{group}.{name}")
     check_monitors(cfg.get("callbacks"), cfg.data.tokenizer)
-    check_endless(cfg)
-    if cfg.get("curriculum") is not None:
-        from xl.training.metrics import logged_metrics
-
-        check_curriculum(cfg, [m for m in logged_metrics(cfg.data.tokenizer) if m.startswith("val/")])
+    check_schedule(cfg)
     check_compile(cfg.compile)
-
-
-def check_endless(cfg: DictConfig) -> None:
-    """A training split made while training (``data.train_samples=stream``) has no end to take a fraction of."""
-    if cfg.data.get("train_samples") != "stream":
-        return
-    for key in ("limit_train_batches", "val_check_interval"):
-        value = cfg.trainer.get(key)
-        if isinstance(value, float) and not (key == "limit_train_batches" and value == 1.0):
-            raise ValueError(f"trainer.{key} must be a count of segments with data.train_samples=stream, whose "
-                             f"epoch never ends; got {value!r}")
 
 
 def check_arguments(node: Any, key: str) -> None:

@@ -12,11 +12,12 @@ from xl.convert.fetch import FetchError
 from xl.convert.vocab import VocabularyError
 from xl.convert.weights import ConversionError
 from xl.hub.access import HubError
+from xl.training.console import plain_text
 from xl.training.run_folder import RunFolderError
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m xl.convert", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m xl.convert", description=plain_text(__doc__))
     parser.add_argument("src", help="a folder with config.json, the weights and vocab.pkl, a folder xl.export "
                                     "wrote, or a hub id")
     parser.add_argument("out", help="the run folder to write (must not exist, or be empty)")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import warnings
 from collections.abc import Iterator
 
@@ -41,6 +42,11 @@ INTERNAL_WARNINGS = (
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", Warning, ""),
     (r"When using the `ThroughputMonitor`, you need to define a `flops_per_batch`", Warning, ""),
 )
+
+
+def plain_text(doc: str) -> str:
+    """A docstring as a command's ``--help`` shows it: reST's literals and roles (double backquotes, ``:mod:``) go."""
+    return re.sub(r"(?::\w+:)?`+([^`]+)`+", r"\1", doc)
 
 
 def quiet_warnings() -> None:

@@ -13,6 +13,7 @@ evaluation stopped by a signal (or killed) keeps the splits it finished, and :fu
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,18 @@ def format_table(results: dict[str, dict[str, float]], unit: str) -> str:
         lines.append(f"  per document ({unit}; by position in document):")
         lines.append(f"  {'split':<6} {'docs':>8} {'mean':>8} " + " ".join(f"{n:>9}" for n in names))
         for split, m in results.items():
-            lines.append(f"  {split:<6} {m[f'{split}/docs']:>8,.0f} {m[f'{split}/doc_mean_{unit}']:>8.4f} "
-                         + " ".join(f"{m[f'{split}/pos_{n}_{unit}']:>9.4f}" for n in names))
+            lines.append(f"  {split:<6} {m[f'{split}/docs']:>8,.0f} {cell(m[f'{split}/doc_mean_{unit}'], 8)} "
+                         + " ".join(cell(m[f"{split}/pos_{n}_{unit}"], 9) for n in names))
+        lines.append("  docs: document pieces; the split is cut into one stretch per stream, and each cut makes one "
+                     "piece more")
+        if any(math.isnan(v) for split, m in results.items() for k, v in m.items() if k.startswith(f"{split}/pos_")):
+            lines.append("  -: no token scored at those positions (warm-up segments are not scored)")
     return "\n".join(lines)
+
+
+def cell(value: float, width: int) -> str:
+    """A figure of the per-document table; ``-`` where no token was scored (the mean of nothing)."""
+    return f"{'-':>{width}}" if math.isnan(value) else f"{value:>{width}.4f}"
 
 
 def record(module: Any, datamodule: Any, results: dict[str, dict[str, float]], checkpoint: dict[str, Any],

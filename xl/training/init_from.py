@@ -62,7 +62,8 @@ def start_from(cfg: DictConfig) -> Checkpoint | None:
             raise CheckpointError(f"model.{key}={plain(model[key])} conflicts with {SETTING}={path}, whose model has "
                                   f"{key}={theirs!r} (the shape comes from the checkpoint); remove model.{key} or set "
                                   f"it to {theirs!r}")
-    replaced = [f"{k}={plain(saved[k])!r}" for k in MODEL_SHAPE if k in model and plain(model[k]) != plain(saved[k])]
+    replaced = [f"{k}={plain(saved[k])!r}" for k in MODEL_SHAPE  # (null: the group leaves it to the data)
+                if model.get(k) is not None and plain(model[k]) != plain(saved[k])]
     with open_dict(cfg):
         for key in MODEL_SHAPE:
             model[key] = plain(saved[key])

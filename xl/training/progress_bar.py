@@ -26,6 +26,8 @@ class RunProgressBar(TQDMProgressBar):
         self._count_steps(trainer)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if counts_steps(trainer) and not self.is_disabled:
+            self.train_progress_bar.initial = 0  # Lightning's reset draws n=0 before it zeroes initial
         super().on_train_epoch_start(trainer, *args)
         self._count_steps(trainer)
 
@@ -45,6 +47,7 @@ class RunProgressBar(TQDMProgressBar):
         if not counts_steps(trainer) or self.is_disabled:
             return
         bar = self.train_progress_bar
+        bar.initial = 0  # tqdm's reset keeps it: n=0 against a resumed step's initial drew a negative rate
         bar.reset(total=trainer.max_steps)
         bar.initial = bar.n = trainer.global_step
         bar.set_description(f"Epoch {trainer.current_epoch}")

@@ -20,6 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from tests.conftest import CONF_DIR
+from tests.helpers.hub_env import hub_offline, hub_online
 from tests.helpers.paths import FIXTURES, ROOT
 from xl.convert import ConversionError, RunFolderError, convert
 from xl.convert.cli import main as convert_main
@@ -232,12 +233,12 @@ def test_a_stray_weight_or_a_vocabulary_of_another_size_is_refused(tmp_path):
 
 
 def test_a_hub_id_offline_says_what_to_fetch_and_where(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_offline(monkeypatch)
     with pytest.raises(FetchError, match=r"download config\.json, pytorch_model\.bin .* vocab\.pkl .* from "
                                          r"https://huggingface\.co/transfo-xl/transfo-xl-wt103/tree/main into one "
                                          r"folder, and give that folder as SRC"):
         convert("transfo-xl/transfo-xl-wt103", tmp_path / "out")
-    monkeypatch.delenv("HF_HUB_OFFLINE")
+    hub_online(monkeypatch)
 
     def unreachable(*args, **kwargs):
         raise OSError("no route to host")

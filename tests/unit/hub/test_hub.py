@@ -11,7 +11,6 @@ import inspect
 import json
 import pickle
 import shutil
-import socket
 import textwrap
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from huggingface_hub import ModelCard
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from tests.helpers.hub_env import hub_offline, hub_unreachable
 from tests.helpers.paths import FIXTURES
 from xl.data.tokenizers import fingerprint, make_tokenizer
 from xl.hub import PretrainedXL
@@ -219,19 +219,13 @@ def test_a_model_without_its_tokenizer_is_not_saved(tmp_path):
     assert not (tmp_path / "a" / "config.json").exists() and not (tmp_path / "b" / "model.safetensors").exists()
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("cause", ["offline", "unreachable"])
 def test_a_hub_call_that_cannot_succeed_fails_at_once_in_one_sentence(cause, tmp_path, monkeypatch):
     if cause == "offline":
-        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        hub_offline(monkeypatch)
         reason = r"HF_HUB_OFFLINE is set"
     else:
-        monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", f"http://127.0.0.1:{closed_port()}")
+        hub_unreachable(monkeypatch)
         reason = r"127\.0\.0\.1 cannot be reached \(\[Errno 111\] Connection refused\)"
     model = small_model(fitted("byte"))
     start = time.perf_counter()

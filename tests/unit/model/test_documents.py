@@ -21,7 +21,7 @@ from xl.data import DataError, SegmentDataModule, SegmentLoader, make_tokenizer,
 from xl.data.cache import open_cache
 from xl.model.attention import TrainingAttentionCPU, rel_shift
 from xl.model.config import XLConfig
-from xl.model.documents import Documents, DocumentStats, positions, split_batch, stream_positions, summary
+from xl.model.documents import Documents, DocumentStats, bucket_names, positions, split_batch, stream_positions, summary
 from xl.model.positions import attention_mask
 from xl.model.transformer import TransformerXL
 from xl.training.build import build_run
@@ -440,6 +440,24 @@ def test_evaluate_reports_per_document_figures(tmp_path, corpus, capsys):
     assert math.isfinite(results["val/pos_0-31_bpb"]) and math.isfinite(results["val/pos_32-127_bpb"])
     ignore = evaluate(compose_eval(*common, "memory.doc_boundaries=ignore"))["val"]
     assert ignore["val/loss"] != plain["val/loss"]  # the checkpoint's reset was used, and can be overridden
+
+
+def test_the_per_document_table_says_what_docs_counts_and_marks_positions_nothing_was_scored_at():
+    """A one-file split read as 4 streams with a warm-up: "docs 4" and nan columns, unexplained."""
+    from xl.training.eval_results import format_table
+
+    names = bucket_names()
+    figures = {"val/loss": 1.0, "val/bpb": 1.5, "val/tokens": 640.0, "val/tok_s": 100.0, "val/docs": 4.0,
+               "val/doc_mean_bpb": 1.5, **{f"val/pos_{n}_bpb": math.nan for n in names[:2]},
+               **{f"val/pos_{n}_bpb": 1.4 for n in names[2:]}}
+    table = format_table({"val": figures}, "bpb")
+    assert "nan" not in table
+    row = next(line for line in table.splitlines() if line.startswith("  val ") and "1.4000" in line)
+    assert row.split()[3:5] == ["-", "-"], row
+    assert "docs: document pieces; the split is cut into one stretch per stream" in table
+    assert "-: no token scored at those positions (warm-up segments are not scored)" in table
+    figures.update({f"val/pos_{n}_bpb": 1.4 for n in names})
+    assert "no token scored" not in format_table({"val": figures}, "bpb")
 
 
 def test_training_with_boundaries_never_waits_for_the_device(tmp_path, corpus):

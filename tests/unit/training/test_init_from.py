@@ -45,8 +45,10 @@ class FirstLoss(L.Callback):
         self.losses.append(float(outputs["loss"]))
 
 
-def test_fine_tuning_a_converted_model_starts_at_its_loss_and_trains(tmp_path, converted):
+def test_fine_tuning_a_converted_model_starts_at_its_loss_and_trains(tmp_path, converted, caplog):
     run = build_run(compose_config(*overrides(tmp_path, converted)))
+    (warning,) = [r.getMessage() for r in caplog.records if "shape is the checkpoint's" in r.getMessage()]
+    assert "n_layer=2" in warning and "cutoffs" not in warning  # the group's null cutoffs: the data's to fit
     checkpoint = Checkpoint.open(converted)
     config = run.module.config  # the checkpoint's shape: the original's layout and tying
     assert config.cutoffs == (20, 40, 70) and config.tie_weights and config.tie_projs == (False, True, True, True)
@@ -89,8 +91,9 @@ def test_a_conflicting_model_setting_on_the_command_line_is_refused(tmp_path, co
         run_hydra_main(train.main, argv, monkeypatch)
 
 
-def test_a_run_trained_with_a_tokenizer_file_fine_tunes_on_other_text(tmp_path, corpus):
-    """The tokenizer file's ids do not depend on the corpus, so the checkpoint's fingerprint is the other text's."""
+def test_a_run_trained_with_a_tokenizer_file_fine_tunes_on_other_text(tmp_path, corpus, caplog):
+    """The tokenizer file's ids do not depend on the corpus, so the checkpoint's fingerprint is the other text's.
+    The model group is the checkpoint's (model=tiny, cutoffs fitted to the data): nothing to warn about."""
     from tests.conftest import tiny_overrides
     from tests.unit.data.test_data import write_corpus
     from tests.unit.data.test_tokenizers import hf_tokenizer
@@ -110,5 +113,6 @@ def test_a_run_trained_with_a_tokenizer_file_fine_tunes_on_other_text(tmp_path, 
                                      f"init_from={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}",
                                      f"paths.output_dir={tmp_path / 'tuned'}"))
     assert tuned.datamodule.tokenizer_fingerprint == first.datamodule.tokenizer_fingerprint
+    assert "shape is the checkpoint's" not in caplog.text
     tuned.trainer.fit(tuned.module, datamodule=tuned.datamodule)
     assert tuned.trainer.global_step == 2
