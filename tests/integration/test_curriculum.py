@@ -124,3 +124,20 @@ def test_a_curriculum_needs_the_stream_and_validation_at_epoch_ends(tmp_path, co
     with pytest.raises(ConfigError, match=r"^a curriculum changes stage at the end of an epoch"):
         check_config(compose_config(*overrides(tmp_path, corpus, "bad"), "trainer.val_check_interval=3"),
                      lambda: 256)
+
+
+def test_a_curriculum_run_is_read_back_at_its_last_stage_with_its_vocabulary(tmp_path, corpus, monkeypatch):
+    """xl.evaluate, xl.generate and xl.babilong read a curriculum's run as its last stage's data with the vocabulary
+    every stage shares (a data group rebuilt without it would fit another vocabulary), and its segment length."""
+    from tests.conftest import run_hydra_main
+    from xl import train
+    from xl.training.runs import TrainedRun
+
+    argv = ["train.py", *overrides(tmp_path, corpus, "read"), f"hydra.run.dir={tmp_path / 'read'}",
+            "trainer.max_steps=8", "curriculum=[{length:0,steps:4},{length:60}]"]
+    run_hydra_main(train.main, argv, monkeypatch)
+    run = TrainedRun.open(tmp_path / "read")
+    assert run.checkpoint.train_tgt_len == 16
+    assert run.data["length"] == 60 and run.data["vocabulary"] == {"length": 60, "tasks": ["qa1"]}
+    data = run.datamodule()  # refused if its vocabulary were not the checkpoint's
+    assert data.tokenizer_fingerprint == run.checkpoint.state["xl"]["tokenizer"]

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from xl.config.bounds import is_int, is_number
 from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
-from xl.data.babilong.lengths import is_length
+from xl.data.babilong.lengths import is_length, parse_length
 from xl.data.babilong.tasks import TASKS
 
 KEYS = ("length", "tasks", "steps", "metric", "below", "above")
@@ -109,3 +109,20 @@ def check_curriculum(cfg: Any, metrics: list[str]) -> None:
                          "trainer.val_check_interval to trainer.limit_train_batches (a count of segments)")
     for i, node in enumerate(curriculum, 1):
         check_stage(i, node, metrics, i == len(curriculum))
+
+
+def vocabulary(curriculum: Any, tasks: list[str]) -> dict[str, Any]:
+    """What every stage fits its char or word vocabulary on, so that the stages share one: the samples of the longest
+    stage's length over every stage's tasks (``tasks``: the data group's, for stages that set none)."""
+    plan, every = stages(curriculum), []
+    for stage in plan:
+        every += [t for t in stage.data.get("tasks", tasks) if t not in every]
+    return {"length": max((s.data["length"] for s in plan), key=parse_length), "tasks": every}
+
+
+def final_data(curriculum: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """The data group of a curriculum's run as a command that reads the run (evaluation, generation, the scorer) takes
+    it: the last stage's length and tasks, and the vocabulary every stage shares."""
+    last = stages(curriculum)[-1].data
+    tasks = [str(t) for t in data.get("tasks") or []]
+    return {**data, **last, "vocabulary": vocabulary(curriculum, tasks)}

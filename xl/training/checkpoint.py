@@ -126,7 +126,10 @@ class Checkpoint:
 
     @property
     def train_tgt_len(self) -> int | None:
-        """The training segment length, from the train loader's saved position; None if not recorded."""
+        """The training segment length the module recorded (else the train loader's saved position); None if not
+        recorded."""
+        if self.state[XL_KEY].get("train_tgt_len") is not None:
+            return self.state[XL_KEY]["train_tgt_len"]
         loaders = self.state.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader") or []
         return next((s["tgt_len"] for s in loaders if isinstance(s, dict) and "tgt_len" in s), None)
 

@@ -29,8 +29,7 @@ from typing import Any
 
 import lightning as L
 
-from xl.config.curriculum import Stage, stages
-from xl.data.babilong.lengths import parse_length
+from xl.config.curriculum import Stage, stages, vocabulary
 from xl.data.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -66,12 +65,8 @@ class CurriculumDataModule(L.LightningDataModule):
     def from_config(cls, cfg: Any, make: Callable[..., Any]) -> CurriculumDataModule:
         """One data module per stage from ``make(**overrides)`` (the data group instantiated with them)."""
         plan = stages(cfg.curriculum)
-        tasks: list[str] = []
-        for stage in plan:
-            tasks += [t for t in stage.data.get("tasks", cfg.data.tasks) if t not in tasks]
-        longest = max((s.data["length"] for s in plan), key=parse_length)
-        vocabulary = {"length": longest, "tasks": tasks}
-        return cls(plan, [make(**stage.data, vocabulary=vocabulary) for stage in plan])
+        shared = vocabulary(cfg.curriculum, [str(t) for t in cfg.data.tasks])
+        return cls(plan, [make(**stage.data, vocabulary=shared) for stage in plan])
 
     # ---- the stage --------------------------------------------------------------------------------------------
     @property

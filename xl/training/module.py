@@ -96,6 +96,7 @@ class XLLitModule(L.LightningModule):
         self.memory = MemoryStore()
         self.tokenizer_fingerprint: str | None = None  # the data module's, from setup; saved in checkpoints
         self.data_identity: dict[str, str] | None = None  # the data module's identity, from setup; likewise
+        self.train_tgt_len: int | None = None  # the training segment length, from setup; likewise
         # Per stage: summed NLL, tokens and their UTF-8 bytes (reduced across ranks exactly), for the loss, the
         # unit's figure and bits per byte. No NaN checks inside: they would wait for the device every step.
         self.metrics = LMMetrics(unit)
@@ -180,6 +181,7 @@ class XLLitModule(L.LightningModule):
                                      getattr(datamodule, "unk_id", None))
         self.tokenizer_fingerprint = getattr(datamodule, "tokenizer_fingerprint", None)
         self.data_identity = getattr(datamodule, "identity", None)  # saved in checkpoints
+        self.train_tgt_len = getattr(datamodule, "tgt_len", None)  # likewise (decoding reads in these segments)
         if stage == "fit":
             self.window.start_fit(self.trainer)
 
@@ -267,6 +269,7 @@ class XLLitModule(L.LightningModule):
             "model_config": self.config.to_dict(),
             "tokenizer": self.tokenizer_fingerprint,
             "data": self.data_identity,
+            "train_tgt_len": self.train_tgt_len,
             "train_memory": self.memory.pack(self.all_gather, world),
             "rng": gather_rng_states(world),
             "train_sums": self.gather_train_sums(world),

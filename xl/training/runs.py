@@ -79,13 +79,18 @@ def run_cwd(folder: Path) -> Path | None:
 
 
 def run_data(folder: Path) -> dict[str, Any]:
-    """The run's data group as it trained (interpolations resolved, relative paths made absolute)."""
+    """The run's data group as it trained (interpolations resolved, relative paths made absolute); a curriculum's run:
+    its last stage's, with the vocabulary every stage shares (:func:`xl.config.curriculum.final_data`)."""
     cfg = OmegaConf.load(folder / CONFIG)
     try:
         data = OmegaConf.to_container(cfg.data, resolve=True)
     except Exception as err:  # an interpolation that only the training command could resolve
         raise ConfigError(f"the data settings in {folder / CONFIG} cannot be read ({err}); name the data "
                           "(data=..., data.train=...)") from None
+    if cfg.get("curriculum") is not None:
+        from xl.config.curriculum import final_data
+
+        data = final_data(OmegaConf.to_container(cfg.curriculum, resolve=True), data)
     cwd = run_cwd(folder)
     if cwd is not None:
         for key in PATH_KEYS:
