@@ -56,7 +56,7 @@ class Run:
 
 def check_settings(cfg: DictConfig) -> None:
     """Every rule of the training config that needs neither data nor device (:func:`xl.config.rules.check_config`)."""
-    check_config(cfg, lambda: vocabulary_bound(cfg))
+    check_config(cfg)
 
 
 def xl_config(cfg: DictConfig, vocab_size: int | None = None) -> XLConfig:

@@ -390,7 +390,7 @@ def test_a_checkpoint_refuses_another_tokenizer_of_the_same_size(tmp_path, corpu
     import xl.generate
     from tests.conftest import compose_config, run_hydra_main, tiny_overrides
     from tests.integration.test_evaluate import compose_eval
-    from xl.evaluate import evaluate
+    from xl.evaluation import evaluate
     from xl.training.build import build_run
     from xl.training.checkpoint import CheckpointError
 
