@@ -158,16 +158,19 @@ def check_arguments(node: Any, key: str) -> None:
 
 
 def check_strategy(strategy: Any) -> None:
-    """A strategy given by name must be ``auto`` or a name of Lightning's registry (a mapping names its class)."""
+    """A strategy given by name must be ``auto`` or a name of Lightning's registry (a mapping names its class); the
+    sentence lists the registry's families (``ddp``), not each variant (``ddp_spawn_find_unused_parameters_true``)."""
     if not isinstance(strategy, str) or strategy == "auto":
         return
     from lightning.pytorch.strategies import StrategyRegistry
 
     names = sorted(StrategyRegistry.available_strategies())
     if strategy not in names:
+        families = [n for n in names if not any(n.startswith(f"{m}_") for m in names)]
         close = difflib.get_close_matches(strategy, names, n=1)
-        raise ValueError(f"trainer.strategy must be auto, one of {', '.join(names)}, or a mapping with a _target_, "
-                         f"got {strategy!r}" + (f"; did you mean {close[0]}?" if close else ""))
+        raise ValueError(f"trainer.strategy must be auto, a mapping with a _target_ or a Lightning strategy "
+                         f"({', '.join(families)}, and variants), got {strategy!r}"
+                         + (f"; did you mean {close[0]}?" if close else ""))
 
 
 def check_monitors(callbacks: Any, tokenizer: str) -> None:
