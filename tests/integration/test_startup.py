@@ -1,7 +1,7 @@
 """Commands that train nothing answer without importing Lightning (which alone takes seconds to import): printing
-the composed config, every command's help, a misspelt key's one sentence, a value out of its range and the
-footprint's arithmetic; the help and a misspelt key without torch either (about as long again). What each command
-imported is checked, not how long it took, so that the test holds on a loaded machine."""
+the composed config, every command's help, a misspelt key's one sentence, a value out of its range, a broken rule
+between settings and the footprint's arithmetic; all but the last two without torch either (about as long again).
+What each command imported is checked, not how long it took, so that the test holds on a loaded machine."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ COMMANDS = {  # in this order: a library one command imports stays imported for 
     "-m xl.babilong --help": HELP,
     "-m xl.evaluate ckpt=RUN warmpu=1": "error: warmpu is not a setting; did you mean warmup?",
     "-m xl.generate ckpt=RUN temprature=0.5": "error: temprature is not a setting; did you mean temperature?",
+    "train.py trainer.max_steps=-5 hydra.run.dir=OUT": "error: trainer.max_steps must be -1 (no limit)",
+    "-m xl.generate ckpt=RUN top_p=1.5 hydra.run.dir=OUT": "error: top_p must be a number in (0, 1], got 1.5",
     # torch from here on (a memory's settings are typed by its module, which imports torch)
     "-m xl.footprint": "512m × 768d × 12L × 8b float32",
-    "train.py trainer.max_steps=-5 hydra.run.dir=OUT": "error: trainer.max_steps must be -1 (no limit)",
     "train.py model.n_head=0 hydra.run.dir=OUT": "error: model.n_head must be a positive integer, got 0",
-    "-m xl.generate ckpt=RUN top_p=1.5 hydra.run.dir=OUT": "error: top_p must be a number in (0, 1], got 1.5",
 }
 WITHOUT_TORCH = list(COMMANDS)[:list(COMMANDS).index("-m xl.footprint")]
 
