@@ -372,7 +372,7 @@ def test_a_failed_build_leaves_nothing_that_is_trusted_later(tmp_path, monkeypat
 
     with monkeypatch.context() as patch:
         patch.setattr(np, "save", full_disk)
-        with pytest.raises(OSError):
+        with pytest.raises(DataError, match=r"^the disk of data.cache_dir=\S+ is full \(No space left on device\); "):
             build_cache(source, make_tokenizer("byte"), tmp_path / "cache")
     assert list((tmp_path / "cache").iterdir()) == []  # no cache folder, no half-written or temporary file
     assert bytes(open_cache(source, make_tokenizer("byte"), tmp_path / "cache").splits["val"]) == b"val text\n"
