@@ -28,7 +28,7 @@ PUBLIC = {
     "SegmentDataModule": "xl.data.datamodule",
     "Checkpoint": "xl.training.checkpoint",
     "TrainedRun": "xl.training.runs",
-    "generate": "xl.generate",
+    "generate": "xl.generation",
     "PretrainedXL": "xl.hub",
     "Memory": "xl.memory.base",
     "MemoryConfig": "xl.memory.settings",
@@ -38,7 +38,7 @@ __all__ = ["Checkpoint", "Memory", "MemoryConfig", "PretrainedXL", "SegmentDataM
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imported on first use
     from xl.data.datamodule import SegmentDataModule
-    from xl.generate import generate
+    from xl.generation import generate
     from xl.hub import PretrainedXL
     from xl.memory.base import Memory
     from xl.memory.settings import MemoryConfig

@@ -17,17 +17,17 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from xl.config.compose import entry_point
-from xl.hub import PretrainedXL
-from xl.hub.access import HubError, check_hub, check_repo_id
-from xl.training.build import ConfigError, build_datamodule
-from xl.training.checkpoint import Checkpoint
+from xl.config.rules import ConfigError
 from xl.training.console import errors_logged, quiet_warnings
-from xl.training.run_folder import RunFolderError, check_new_folder, new_folder
-from xl.training.runs import use_run_data
+
+# The hub and the training code (torch) are imported by export(): --help and a bad setting answer without them.
 
 
 @entry_point("export")
 def main(cfg: DictConfig) -> None:
+    from xl.hub.access import HubError
+    from xl.training.run_folder import RunFolderError
+
     with errors_logged():
         try:
             export(cfg)
@@ -37,6 +37,13 @@ def main(cfg: DictConfig) -> None:
 
 def export(cfg: DictConfig) -> None:
     """The command: check where it writes and pushes, read the run and its tokenizer, save, push."""
+    from xl.hub import PretrainedXL
+    from xl.hub.access import check_hub, check_repo_id
+    from xl.training.build import build_datamodule
+    from xl.training.checkpoint import Checkpoint
+    from xl.training.run_folder import check_new_folder, new_folder
+    from xl.training.runs import use_run_data
+
     quiet_warnings()
     out = check_new_folder(cfg.out, "out")
     if cfg.push:

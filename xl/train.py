@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.compose import entry_point, exit_on_user_error
-from xl.config.rules import ConfigError
+from xl.config.rules import ConfigError, check_config
 from xl.training import run_lock
 from xl.training.console import errors_logged, quiet_libraries, quiet_wandb, quiet_warnings
 from xl.training.runs import continue_run, holds_run, requeued, wandb_id
@@ -52,12 +52,13 @@ def prepare_run(cfg: DictConfig) -> None:
 
 
 def fit_and_test(cfg: DictConfig) -> dict[str, float]:
+    if not cfg.train and not cfg.test:
+        raise ConfigError("train=false and test=false leave nothing to do; set test=true to test ckpt_path")
+    check_config(cfg, shape=not cfg.get("init_from"), trainer=False)  # before torch and Lightning are imported
     from xl.training.build import build_run
     from xl.training.stops import stopping
 
     quiet_libraries()  # Lightning, imported just now, set its own log levels
-    if not cfg.train and not cfg.test:
-        raise ConfigError("train=false and test=false leave nothing to do; set test=true to test ckpt_path")
     prepare_run(cfg)
     if cfg.get("ckpt_path"):  # continuing into the run folder: its checkpoints are expected there
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")

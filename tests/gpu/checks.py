@@ -7,7 +7,7 @@ project's Hydra config by :func:`xl.training.build.build_run`, on a small corpus
   (bitwise where two straight runs are; else within 10x their own difference);
 - eval memory: validation's memory and cached keys/values are released when it ends, and the CUDA memory allocated
   falls back;
-- decoding: one-token decoding (:func:`xl.generate.generate`) picks, in float32, what the forward pass over the whole
+- decoding: one-token decoding (:func:`xl.generation.generate`) picks, in float32, what the forward pass over the whole
   text picks;
 - compressive memory: training with the learned compressor and document masks over compressed slots, then its
   one-token decoder fills the compressed memory;
@@ -34,7 +34,7 @@ from torch import Tensor
 
 from xl.bench.gpu import measure, peak_tflops
 from xl.config.compose import compose
-from xl.generate import generate
+from xl.generation import generate
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
 from xl.training.build import build_run

@@ -35,6 +35,8 @@ from xl.data import DataError
 from xl.training.build import ConfigError, build_run, check_fits
 from xl.training.checkpoint import CheckpointError
 
+SHORT = 200  # characters: a refusal is one sentence a reader takes in at a glance
+
 
 def files(tmp_path: Path, train: bytes | None = None, val: bytes | None = None) -> dict[str, Path]:
     text = (ROOT / "xl" / "model" / "transformer.py").read_bytes()
@@ -315,6 +317,7 @@ def run_in_process(main, argv: list[str], monkeypatch, capsys) -> str:
     with pytest.raises(SystemExit) as info:
         run_hydra_main(main, argv, monkeypatch)
     assert capsys.readouterr().err == ""
+    assert len(str(info.value.code)) < SHORT, info.value.code
     return info.value.code
 
 
@@ -391,6 +394,12 @@ def test_the_composed_config_keeps_its_types_for_the_run(tmp_path, corpus):
 BAD_INPUT_PAGE = ROOT / "docs" / "bad-input.md"
 
 
+def test_every_sentence_of_the_bad_input_page_is_short():
+    sentences = re.findall(r"`(error: [^`]+)`", BAD_INPUT_PAGE.read_text())
+    assert len(sentences) > 30
+    assert [s for s in sentences if len(s) >= SHORT] == []
+
+
 def page_rows(columns: int) -> list[tuple[str, ...]]:
     """The rows of the page's tables with ``columns`` cells, each cell a code span."""
     cell = r"\s*`([^`]+)`\s*"
@@ -417,6 +426,7 @@ def test_each_row_of_the_bad_input_page_is_what_the_run_says(given, seen, tmp_pa
     sentence = "error: " + str(info.value)
     pattern = ".*".join(re.escape(part.strip()) for part in seen.split("…"))  # "…": the run's own figures
     assert re.fullmatch(pattern, sentence), sentence
+    assert len(sentence) < SHORT, sentence
     assert_nothing_written(tmp_path)
 
 
@@ -499,9 +509,12 @@ def test_an_unknown_strategy_is_one_sentence_with_the_choices(tmp_path, corpus):
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), "trainer.strategy=ddpp")
     with pytest.raises(ConfigError) as info:
         build_run(cfg)
-    names = ", ".join(sorted(StrategyRegistry.available_strategies()))
-    assert str(info.value) == (f"trainer.strategy must be auto, one of {names}, or a mapping with a _target_, got "
-                               "'ddpp'; did you mean ddp?")
+    names = sorted(StrategyRegistry.available_strategies())
+    families = [name for name in names if not any(name.startswith(f"{other}_") for other in names)]
+    assert "ddp" in families and "ddp_spawn" not in families
+    assert str(info.value) == (f"trainer.strategy must be auto, a mapping with a _target_ or a Lightning strategy "
+                               f"({', '.join(families)}, and variants), got 'ddpp'; did you mean ddp?")
+    assert len(str(info.value)) < 200
     assert_nothing_written(tmp_path, cache_too=True)
 
 

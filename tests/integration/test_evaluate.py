@@ -12,8 +12,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 import xl.evaluate
+import xl.evaluation
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
-from xl.evaluate import eval_context, evaluate, vanilla_nll
+from xl.evaluation import eval_context, evaluate, vanilla_nll
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
 from xl.training.build import ConfigError, build_run
@@ -176,7 +177,7 @@ def test_other_data_outside_a_run_folder_keeps_the_checkpoints_segments(trained,
 def test_the_first_split_is_timed_as_the_second(trained, corpus, tmp_path, monkeypatch):
     """The first segment an evaluation runs pays for warming up (allocations, kernels: here a second more); it is
     scored but not timed, so the tokens/s of the first split are those of the second."""
-    real = xl.evaluate.Evaluator.segment_loss
+    real = xl.evaluation.Evaluator.segment_loss
     first = []
 
     def slow_first(self, *args, **kwargs):
@@ -185,7 +186,7 @@ def test_the_first_split_is_timed_as_the_second(trained, corpus, tmp_path, monke
             time.sleep(1.0)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(xl.evaluate.Evaluator, "segment_loss", slow_first)
+    monkeypatch.setattr(xl.evaluation.Evaluator, "segment_loss", slow_first)
     results = evaluate(compose_eval(*eval_overrides(trained, corpus, "trainer.limit_val_batches=8",
                                                     "trainer.limit_test_batches=8")))
     val, test = results["val"], results["test"]

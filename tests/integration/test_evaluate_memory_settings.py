@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import compose_config, tiny_overrides
 from tests.integration.test_evaluate import eval_overrides
 from xl.config.compose import compose
-from xl.evaluate import evaluate
+from xl.evaluation import evaluate
 from xl.training.build import ConfigError, build_run
 
 STORE = ("memory=knn", "memory.knn_size=64", "memory.knn_top_k=4")

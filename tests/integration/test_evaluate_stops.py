@@ -12,10 +12,11 @@ import sys
 import pytest
 
 import xl.evaluate
+import xl.evaluation
 from tests.conftest import run_hydra_main
 from tests.helpers.paths import ROOT
 from tests.integration.test_evaluate import compose_eval, eval_overrides, trained  # noqa: F401 (a fixture)
-from xl.evaluate import evaluate
+from xl.evaluation import evaluate
 from xl.training.eval_results import Progress, stopped_sentence
 from xl.training.signals import exit_status
 
@@ -24,7 +25,7 @@ BATCHES = ("trainer.limit_val_batches=3", "trainer.limit_test_batches=3")
 
 def signal_at(monkeypatch, stage: str, signum: int, nth: int = 1) -> None:
     """Send ``signum`` to this process in the second batch of the ``nth`` scoring of ``stage`` (val or test)."""
-    score, seen = xl.evaluate.Evaluator.score, []
+    score, seen = xl.evaluation.Evaluator.score, []
 
     def scoring(self, batch, batch_idx, split):
         if split == stage and batch_idx == 1:
@@ -33,7 +34,7 @@ def signal_at(monkeypatch, stage: str, signum: int, nth: int = 1) -> None:
                 os.kill(os.getpid(), signum)
         return score(self, batch, batch_idx, split)
 
-    monkeypatch.setattr(xl.evaluate.Evaluator, "score", scoring)
+    monkeypatch.setattr(xl.evaluation.Evaluator, "score", scoring)
 
 
 @pytest.mark.parametrize(("signum", "stage"), [(signal.SIGTERM, "test"), (signal.SIGINT, "test"),
@@ -96,8 +97,9 @@ def test_a_signal_stops_a_sweep_at_the_job_under_way(trained, corpus, tmp_path, 
 WAITING_EVALUATION = """
 import sys
 import xl.evaluate
+import xl.evaluation
 
-score = xl.evaluate.Evaluator.score
+score = xl.evaluation.Evaluator.score
 
 def scoring(self, batch, batch_idx, split):
     if split == "test" and batch_idx == 1:
@@ -105,7 +107,7 @@ def scoring(self, batch, batch_idx, split):
         sys.stdin.read()  # the signal comes here, from the test
     return score(self, batch, batch_idx, split)
 
-xl.evaluate.Evaluator.score = scoring
+xl.evaluation.Evaluator.score = scoring
 sys.argv = ["xl/evaluate.py", *sys.argv[1:]]
 xl.evaluate.main()
 """

@@ -14,7 +14,8 @@ import torch
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from tests.helpers.paths import FIXTURES, ROOT
 from xl.data.words import WordTokenizer
-from xl.generate import generate, main, sample
+from xl.generate import main
+from xl.generation import generate, sample
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
 from xl.training.build import build_run
@@ -174,7 +175,7 @@ def test_a_word_prompt_is_continued_on_its_line_and_log_lines_go_to_stderr(tmp_p
         prompts.append(prompt[0].tolist())
         return generate_ids(model, prompt, *args, **kwargs)
 
-    monkeypatch.setattr("xl.generate.generate", recording)
+    monkeypatch.setattr("xl.generation.generate", recording)
     text = FIXTURE / "text.txt"
     capsys.readouterr()
     run_hydra_main(main, ["xl.generate", f"ckpt={run}", "prompt='The Zürich of'", "max_new_tokens=12",

@@ -129,7 +129,7 @@ def test_weights_that_do_not_fit_the_model_are_one_sentence(tmp_path, corpus, ed
     """A checkpoint whose config fits but whose weights do not (edited, or from another version of a module) is
     refused by resume, evaluation and loading, before any work, naming the tensor."""
     from tests.integration.test_evaluate import compose_eval
-    from xl.evaluate import evaluate
+    from xl.evaluation import evaluate
     from xl.training.checkpoint import Checkpoint
 
     fit(resume_cfg(tmp_path, corpus, "first", "trainer.max_steps=3",

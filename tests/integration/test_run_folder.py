@@ -19,7 +19,7 @@ from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from tests.helpers import wandb_records
 from tests.integration.test_evaluate import compose_eval
 from xl import train
-from xl.evaluate import evaluate
+from xl.evaluation import evaluate
 from xl.training.build import build_run
 from xl.training.checkpoint import Checkpoint, CheckpointError
 

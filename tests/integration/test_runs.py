@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import xl.evaluate
+import xl.evaluation
 import xl.generate
+import xl.generation
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from tests.integration.test_evaluate import compose_eval
 from xl import train
@@ -57,7 +59,7 @@ def test_evaluate_a_run_folder_scores_its_own_data_and_logs_into_its_wandb_run(r
     as naming them all; results.json and the run's own W&B run (resumed offline) hold them."""
     evaluate_cli([f"ckpt={run}", f"hydra.run.dir={tmp_path / 'ev'}"], monkeypatch)
     results = json.loads((tmp_path / "ev" / "results.json").read_text())
-    named = xl.evaluate.evaluate(compose_eval(*[
+    named = xl.evaluation.evaluate(compose_eval(*[
         f"ckpt={run}", *explicit_data(corpus, run), "logger=none", f"paths.output_dir={tmp_path / 'named'}",
         "+trainer.enable_progress_bar=false"]))
     for split in ("val", "test"):
@@ -110,7 +112,7 @@ def test_generate_reads_the_run_tokenizer_and_python_users_get_it(run, tmp_path,
     tokenizer = trained.tokenizer
     assert tokenizer.unit == "char" and trained.checkpoint.state["xl"]["tokenizer"] == fingerprint(tokenizer)
     prompt = torch.tensor([list(tokenizer.encode("def main("))])
-    new = xl.generate.generate(trained.model(), prompt, 30, temperature=0)
+    new = xl.generation.generate(trained.model(), prompt, 30, temperature=0)
     assert printed == "def main(" + tokenizer.decode(new[0].numpy()) + "\n"
 
 
@@ -136,7 +138,7 @@ def test_a_checkpoint_outside_its_run_folder_needs_its_data_named(run, tmp_path)
     loose.write_bytes((run / "checkpoints" / "last.ckpt").read_bytes())
     cfg = compose_eval(f"ckpt={loose}", f"paths.output_dir={tmp_path / 'ev'}", "logger=none")
     with pytest.raises(ConfigError, match=r"^ckpt=.*loose.ckpt is not inside its run folder .* name the data"):
-        xl.evaluate.evaluate(cfg)
+        xl.evaluation.evaluate(cfg)
 
 
 def test_run_data_paths_are_relative_to_where_the_run_was_started(tmp_path, corpus, monkeypatch):

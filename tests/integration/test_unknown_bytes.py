@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from tests.conftest import CONF_DIR, compose_config, tiny_overrides
 from tests.unit.data.test_data import write_corpus
 from xl.data import SegmentDataModule, SegmentLoader
-from xl.evaluate import evaluate
+from xl.evaluation import evaluate
 from xl.model.documents import target_bytes
 from xl.training.build import build_run
 from xl.training.eval_results import format_table

@@ -11,8 +11,8 @@ from xl.memory.settings import MemoryConfig, config_class
 
 LIBRARY = ("model", "memory", "data", "training", "config", "hub")
 SHARED = ("xl.memory.base", "xl.memory.settings", "xl.memory.eviction", "xl.memory.store")  # every memory's
-APPLICATIONS = ("xl.train", "xl.evaluate", "xl.generate", "xl.probe", "xl.footprint", "xl.export", "xl.convert",
-                "xl.babilong", "xl.bench")
+APPLICATIONS = ("xl.train", "xl.evaluate", "xl.evaluation", "xl.generate", "xl.generation", "xl.probe", "xl.footprint",
+                "xl.export", "xl.convert", "xl.babilong", "xl.bench")
 
 
 def imported(path) -> list[str]:

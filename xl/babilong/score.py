@@ -36,10 +36,10 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from xl.babilong import main  # noqa: F401 (the command, also importable from here)
 from xl.babilong.baselines import expected
 from xl.babilong.report import HEATMAP, Cell, log_results, record, table, write_results
 from xl.babilong.resume import Progress, SignalStop, identity, kept_cells
-from xl.config.compose import entry_point
 from xl.config.rules import ConfigError, check_bounds
 from xl.data.babilong.answers import is_correct
 from xl.data.babilong.background import Sentences
@@ -48,7 +48,7 @@ from xl.data.babilong.lengths import length_name, parse_length
 from xl.data.babilong.samples import Sample, samples
 from xl.data.babilong.tasks import LABELS
 from xl.data.sources import StdlibSource
-from xl.generate import decoding_context
+from xl.generation import decoding_context
 from xl.training.callbacks import write_json
 from xl.training.console import errors_logged, quiet_warnings
 from xl.training.runs import TrainedRun
@@ -226,8 +226,8 @@ def score_cells(cfg: DictConfig, progress: Progress, stop: SignalStop) -> dict[s
     return values
 
 
-@entry_point("babilong")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
+    """The command (:func:`xl.babilong.main`), once its command line has composed."""
     quiet_warnings()
     with errors_logged():
         score(cfg)

@@ -5,9 +5,9 @@ of ``experiment=babilong`` (the run that docs/babilong.md scores), timed side by
 turns call by call so that a shared CPU slows them alike (the ratios are medians over the rounds), over ``--batch``
 rows of ``--length`` tokens of context:
 
-- ``evaluate``: :class:`xl.evaluate.Evaluator`'s test step, what ``python -m xl.evaluate`` runs under Lightning (called
-  here without the trainer, in inference mode as Lightning calls it): the model's forward with the memory and its
-  projected keys/values carried, the loss and the metrics, over a random stream as wide as the longest prompt;
+- ``evaluate``: :class:`xl.evaluation.Evaluator`'s test step, what ``python -m xl.evaluate`` runs under Lightning
+  (called here without the trainer, in inference mode as Lightning calls it): the model's forward with the memory
+  and its projected keys/values carried, the loss and the metrics, over a random stream as wide as the longest prompt;
 - ``read``: the scorer reading the same number of BABILong prompts (:meth:`xl.babilong.score.Reader.read`: tokenised,
   each row's filler hidden from its prompt, read through the decoder's prefill);
 - ``score``: a whole cell (:func:`xl.babilong.score.score_cell`): the samples made from the embedded corpus, read,
@@ -43,7 +43,7 @@ from xl.data.babilong.lengths import WORDS, is_length, parse_length
 from xl.data.babilong.samples import samples
 from xl.data.sources import StdlibSource
 from xl.data.tokenizers import make_tokenizer
-from xl.evaluate import Evaluator
+from xl.evaluation import Evaluator
 from xl.model.config import XLConfig
 from xl.training.console import plain_text
 

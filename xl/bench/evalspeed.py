@@ -4,7 +4,7 @@ The paper's comparison (Dai et al., 2019, section 4, Table 9): at the same atten
 the vanilla model predicts each token with a fresh forward over the A tokens before it, while
 Transformer-XL predicts a whole segment at once against its cached memory. Both are timed here
 through the code ``python -m xl.evaluate`` runs (the model's forward with the memory and its keys/values
-carried, read by :class:`xl.bench.runner.SegmentRunner`, and :func:`xl.evaluate.vanilla_nll`), on config S
+carried, read by :class:`xl.bench.runner.SegmentRunner`, and :func:`xl.evaluation.vanilla_nll`), on config S
 with random weights (speed does not depend on them).
 
 Reading of "attention length": Transformer-XL runs with ``mem_len = A`` and ``same_length``, so that
@@ -23,7 +23,7 @@ import torch
 
 from xl.bench.runner import SegmentRunner, one_token_decoder
 from xl.bench.shared import CONFIG_S, cpu_model, median_rate
-from xl.evaluate import vanilla_nll
+from xl.evaluation import vanilla_nll
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
 from xl.training.console import plain_text

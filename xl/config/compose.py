@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from xl.config.compose_errors import describe_error
-from xl.config.rules import ConfigError
+from xl.config.rules import ConfigError, check_bounds
 from xl.config.schema import register
 from xl.memory import settings
 
@@ -112,11 +112,13 @@ def command_line() -> list[str]:
 
 
 def user_errors() -> tuple[type[Exception], ...]:
-    """The errors a user fixes by changing a setting or a file: reported in one sentence, no traceback."""
+    """The errors a user fixes by changing a setting or a file: reported in one sentence, no traceback. A checkpoint's
+    error can be raised only once its module (which imports torch) is loaded; before, it is not asked for, so that a
+    setting refused before torch is imported is reported without importing it."""
     from xl.data import DataError
-    from xl.training.checkpoint import CheckpointError
 
-    return ConfigError, DataError, CheckpointError
+    checkpoint = sys.modules.get("xl.training.checkpoint")
+    return (ConfigError, DataError) + ((checkpoint.CheckpointError,) if checkpoint is not None else ())
 
 
 @contextlib.contextmanager
@@ -143,6 +145,7 @@ def entry_point(config_name: str) -> Callable[[Callable[[DictConfig], T]], Calla
         @functools.wraps(task)
         def job(cfg: DictConfig) -> T:
             with exit_on_user_error():
+                check_bounds(cfg)  # first: typing the memory imports its variant's module, and with it torch
                 type_memory(cfg)
                 warn_memory_under_experiment(command_line())
                 check_complete(cfg)

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.bounds import is_int, schema_bounds, shown
 from xl.config.schedule import check_schedule
+from xl.data.tokenizers import make_tokenizer
 from xl.memory import settings
 from xl.memory.settings import MEM_DTYPE_NAMES, MemoryConfig
 from xl.training import cpu
@@ -160,16 +161,19 @@ def check_arguments(node: Any, key: str) -> None:
 
 
 def check_strategy(strategy: Any) -> None:
-    """A strategy given by name must be ``auto`` or a name of Lightning's registry (a mapping names its class)."""
+    """A strategy given by name must be ``auto`` or a name of Lightning's registry (a mapping names its class); the
+    sentence lists the registry's families (``ddp``), not each variant (``ddp_spawn_find_unused_parameters_true``)."""
     if not isinstance(strategy, str) or strategy == "auto":
         return
     from lightning.pytorch.strategies import StrategyRegistry
 
     names = sorted(StrategyRegistry.available_strategies())
     if strategy not in names:
+        families = [n for n in names if not any(n.startswith(f"{m}_") for m in names)]
         close = difflib.get_close_matches(strategy, names, n=1)
-        raise ValueError(f"trainer.strategy must be auto, one of {', '.join(names)}, or a mapping with a _target_, "
-                         f"got {strategy!r}" + (f"; did you mean {close[0]}?" if close else ""))
+        raise ValueError(f"trainer.strategy must be auto, a mapping with a _target_ or a Lightning strategy "
+                         f"({', '.join(families)}, and variants), got {strategy!r}"
+                         + (f"; did you mean {close[0]}?" if close else ""))
 
 
 def check_monitors(callbacks: Any, tokenizer: str) -> None:
@@ -262,10 +266,19 @@ def check_model_settings(values: Mapping[str, Any], fitted: bool = False) -> Non
         raise ConfigError(str(err)) from None
 
 
-def check_config(cfg: DictConfig, vocabulary: Callable[[], int]) -> None:
+def vocabulary_bound(cfg: Any) -> int:
+    """The smallest vocabulary a composed config's data can give, before its tokenizer is fitted (byte: exactly
+    256)."""
+    tokenizer = make_tokenizer(cfg.data.tokenizer, **(cfg.data.tokenizer_kwargs or {}))
+    cutoffs = cfg.model.cutoffs
+    return max(tokenizer.vocab_size, cutoffs[-1] + 1 if cutoffs else 0)
+
+
+def check_config(cfg: DictConfig, shape: bool = True, trainer: bool = True) -> None:
     """Every rule of a training config that needs neither the corpus nor the device, one sentence for the first
-    broken; ``vocabulary()``: the smallest vocabulary the data can give (the cutoffs are checked against it), asked
-    once the data's own settings have passed."""
+    broken; the cutoffs are checked against :func:`vocabulary_bound`. ``shape=False`` leaves out the model's shape
+    (init_from gives it later), ``trainer=False`` the trainer's rules, which import Lightning: train.py checks the
+    rest before importing torch."""
     try:
         with open_dict(cfg):
             cfg.memory = settings.typed(cfg.memory)  # (done already where xl.config.compose composed it)
@@ -274,11 +287,13 @@ def check_config(cfg: DictConfig, vocabulary: Callable[[], int]) -> None:
     check_added_keys(cfg)
     check_bounds(cfg)
     check_memory(cfg)
-    check_model_settings(model_values(cfg, vocabulary()), fitted=cfg.model.get("cutoffs") is None)
-    try:
-        check_trainer(cfg)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    if shape:
+        check_model_settings(model_values(cfg, vocabulary_bound(cfg)), fitted=cfg.model.get("cutoffs") is None)
+    if trainer:
+        try:
+            check_trainer(cfg)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 def check_evaluate_config(cfg: DictConfig, model: Mapping[str, Any] | None = None, attn_len: int | None = None

@@ -22,6 +22,7 @@ rebuilt with one line that names it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -115,14 +116,38 @@ def open_cache(source: Source, tokenizer: Tokenizer, cache_dir: str | os.PathLik
                 raise DataError(f"the token cache {folder} is damaged ({err}) and cannot be moved away "
                                 f"({cause.strerror or cause}); delete that folder or set data.cache_dir to another "
                                 "folder") from None
-    with workspace(folder) as work:
-        _build(source, tokenizer, work)
-        publish(work, folder, "meta.json")
+    try:
+        with workspace(folder) as work:
+            _build(source, tokenizer, work)
+            publish(work, folder, "meta.json")
+    except OSError as err:  # nothing half-written is kept: the build's folder is removed or swept later
+        raise write_failure(err, folder.parent, cache_dir) from err
     try:
         return _read(folder, source, tokenizer)
     except Damaged as err:
         raise DataError(f"the token cache {folder} does not read back right after it was built ({err}); check the "
                         "disk that holds it, or set data.cache_dir to another folder") from None
+
+
+def write_failure(err: OSError, root: Path, cache_dir: str | os.PathLike | None) -> DataError:
+    """One sentence for a cache build under ``root`` that failed with ``err``, naming its cause: a full disk, a root
+    that is not a folder, cannot be created or cannot be written; or a file outside the cache that cannot be read."""
+    why = err.strerror or str(err)
+    path = Path(err.filename) if err.filename else root
+    where = f"data.cache_dir={cache_dir}" if cache_dir else f"the token cache folder {root} (data.cache_dir unset)"
+    if path != root and root not in path.parents and path not in root.parents:  # not the cache's own path
+        return DataError(f"{path} cannot be read ({why}); make it readable or name another file")
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DataError(f"the disk of {where} is full ({why}); free space there or set data.cache_dir to a folder "
+                         "on another disk")
+    if err.errno in (errno.EEXIST, errno.ENOTDIR):
+        file = next((p for p in (root, *root.parents) if p.exists()), root)
+        return DataError(f"{where} is not a folder ({file} is a file); set data.cache_dir to a folder")
+    if err.errno == errno.ENOENT:
+        return DataError(f"{where} cannot be created ({path}: {why}); set data.cache_dir to a folder that exists")
+    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return DataError(f"{where} cannot be written ({why}); set data.cache_dir to a folder this process can write")
+    return DataError(f"{where} cannot be written ({why}); set data.cache_dir to another folder")
 
 
 def _build(source: Source, tokenizer: Tokenizer, folder: Path) -> None:

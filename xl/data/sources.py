@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from xl.data.errors import DataError
 
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 CHUNK_BYTES = 8 << 20
 EXCLUDED_DIRS = frozenset({"site-packages", "test", "tests", "idle_test"})
-LOCAL_HINT = "download the files elsewhere and use data=text data.train=PATH data.val=PATH data.test=PATH"
+LOCAL_FILES = "data=text data.train=PATH data.val=PATH data.test=PATH"  # a hub benchmark fetched elsewhere
 REACH_SECONDS = 5  # the hub's one reachability check; datasets itself retries for about 23 s
 
 
@@ -277,6 +277,28 @@ def hub_unreachable() -> str | None:
     return None
 
 
+def from_hub(name: str, path: str, config: str | None, split: str, hint: str, streaming: bool = False) -> Any:
+    """``datasets.load_dataset(path, config, split=split)``, or :class:`DataError` in one sentence ending in ``hint``
+    (where to pass local files instead). Offline (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE) datasets reads its cache only
+    (a stream has no cache: refused at once); otherwise the hub is checked once first, so that no network fails at
+    once, without datasets' retries (a copy in the cache is then read with HF_DATASETS_OFFLINE=1, docs/bad-input.md).
+    ``name``: the dataset as the user knows it."""
+    flagged = offline()
+    if flagged and streaming:
+        raise DataError(f"{name} is streamed from the hub, which HF_DATASETS_OFFLINE/HF_HUB_OFFLINE forbid; {hint}")
+    if not flagged and (reason := hub_unreachable()) is not None:
+        raise DataError(f"{name}: the hub cannot be reached ({reason}); {hint}")
+    import datasets
+
+    try:
+        return datasets.load_dataset(path, config, split=split, **({"streaming": True} if streaming else {}))
+    except Exception as e:  # a missing copy or a failing hub: ConnectionError, httpx or hub errors alike
+        if flagged:
+            raise DataError(f"{name} is not in the datasets cache (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set); "
+                            f"{hint}") from e
+        raise DataError(f"{name} could not be loaded from the hub ({type(e).__name__}); {hint}") from e
+
+
 class HubSource:
     """A paper benchmark from the Hugging Face hub: wikitext-103, wikitext-2, enwik8 or text8.
 
@@ -300,26 +322,10 @@ class HubSource:
         return f"data.source.name={self.name} ({split} split)"
 
     def _load(self, hub_split: str) -> datasets.Dataset:
-        """The split from datasets' cache or the hub. Offline (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE) datasets reads
-        its cache only; otherwise the hub is checked once first, so that no network fails at once."""
-        flagged = offline()
-        if not flagged and (reason := hub_unreachable()) is not None:
-            from huggingface_hub import constants
-
-            raise DataError(f"{self.name} cannot be fetched: the hub ({constants.ENDPOINT}) cannot be reached "
-                            f"({reason}); set HF_DATASETS_OFFLINE=1 to read a copy already in the datasets cache, "
-                            f"or {LOCAL_HINT}")
-        import datasets
-
-        try:
-            return datasets.load_dataset(self.benchmark.path, self.benchmark.config, split=hub_split)
-        except Exception as e:  # a missing copy or a failing hub: ConnectionError, httpx or hub errors alike
-            if flagged:
-                raise DataError(f"{self.name} is not in the datasets cache and HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is "
-                                f"set ({type(e).__name__}: {e}); point HF_HOME at a datasets cache that holds it, or "
-                                f"{LOCAL_HINT}") from e
-            raise DataError(f"{self.name} could not be loaded from the hub ({type(e).__name__}: {e}); "
-                            f"{LOCAL_HINT}") from e
+        """The split from datasets' cache or the hub (:func:`from_hub`)."""
+        b = self.benchmark
+        hint = f"fetch {b.path} ({b.config or 'its text'}) elsewhere and use {LOCAL_FILES}"
+        return from_hub(self.name, b.path, b.config, hub_split, hint)
 
     def texts(self, split: str) -> Iterator[str]:
         if self.benchmark.carve:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 import tokenizers as hf
 
-from xl.data.errors import DataError
+from xl.data.errors import DataError, existing_file
 
 # GPT-2's 256 printable stand-ins for the byte values: a byte-level vocabulary holds each as a token.
 BYTE_ALPHABET: frozenset[str] = frozenset(hf.pre_tokenizers.ByteLevel.alphabet())
@@ -70,9 +70,7 @@ class SubwordTokenizer:
         if vocab_size is not None or pre_tokenizer is not None:
             raise DataError("data.tokenizer_kwargs.vocab_size and pre_tokenizer come from data.tokenizer_file; "
                             "leave them unset (null) when reading a tokenizer file")
-        path = Path(file).expanduser()
-        if not path.is_file():
-            raise DataError(f"data.tokenizer_file={file} does not exist; point it at a tokenizer.json file")
+        path = existing_file(file, "data.tokenizer_file", "tokenizer.json")
         data = path.read_bytes()
         try:
             loaded = hf.Tokenizer.from_str(data.decode("utf-8"))

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from xl.data.errors import DataError
+from xl.data.errors import DataError, existing_file
 
 UNK = "<unk>"
 EOS = "<eos>"
@@ -85,9 +85,7 @@ class WordTokenizer:
             if min_freq != 1 or max_size is not None or tuple(words):
                 raise DataError("data.tokenizer_kwargs min_freq and max_size fit a vocabulary; leave them unset when "
                                 "data.tokenizer_file gives one")
-            path = Path(file).expanduser()
-            if not path.is_file():
-                raise DataError(f"data.tokenizer_file={file} does not exist; point it at a vocab.json file")
+            path = existing_file(file, "data.tokenizer_file", "vocab.json")
             self.vocabulary = read_vocabulary(path.read_text(encoding="utf-8"), f"data.tokenizer_file={file}")
         if self.vocabulary is None:
             self._set_words([EOS, UNK] + [w for w in words if w not in (EOS, UNK)], EOS, UNK, False)

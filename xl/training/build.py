@@ -57,7 +57,7 @@ class Run:
 
 def check_settings(cfg: DictConfig) -> None:
     """Every rule of the training config that needs neither data nor device (:func:`xl.config.rules.check_config`)."""
-    check_config(cfg, lambda: vocabulary_bound(cfg))
+    check_config(cfg)
 
 
 def xl_config(cfg: DictConfig, vocab_size: int | None = None) -> XLConfig:
@@ -114,12 +114,7 @@ def make_data(cfg: DictConfig, **overrides: Any) -> Any:
 
 def prepare(datamodule: Any) -> Any:
     """Tokenise and cache the corpus now, so that bad data fails before the model and trainer exist."""
-    try:
-        datamodule.prepare_data()
-    except OSError as err:  # e.g. a full disk: the cache writes atomically, so nothing half-written is kept
-        raise DataError(
-            f"cannot write the token cache ({err.strerror or err}); free disk space or set data.cache_dir"
-        ) from err
+    datamodule.prepare_data()  # a cache that cannot be written is one sentence naming why (xl.data.cache)
     for split, info in datamodule.cache.meta["splits"].items():
         if info.get("unknown"):
             top = ", ".join(f"{symbol!r}×{n}" for symbol, n in info.get("unknown_top", []))

@@ -57,17 +57,25 @@ def newest_checkpoint(folder: Path, setting: str = "ckpt_path") -> Checkpoint:
     """The checkpoint a run folder names: the complete one of the highest step (``last.ckpt`` on a tie). A file
     that cannot be read (a checkpoint that a kill, a full disk or another program cut short) is left out, in one
     line that says which one is used instead."""
+    from xl.training.runs import find_run_folder
+
     files = sorted(checkpoint_folder(folder).glob("*.ckpt"), key=lambda p: (p.name != "last.ckpt", p.name))
+    run = find_run_folder(folder) is not None
+    if not files and run:
+        raise CheckpointError(f"{setting}={folder} is a run folder without checkpoints: its run stopped before the "
+                              "first was written; train again, or give a .ckpt file or a run folder that has one")
     if not files:
         raise CheckpointError(f"{setting}={folder} is a folder without checkpoints; give a run folder or a .ckpt file")
     complete, broken = [], []
     for path in files:
         try:
-            complete.append(Checkpoint.open(path, setting))
+            complete.append(Checkpoint.open(path, setting, beside=False))
         except CheckpointError as err:
             broken.append((path, err))
     if not complete:
-        raise CheckpointError(f"{setting}={folder} holds no complete checkpoint: {broken[0][1]}")
+        names = ", ".join(path.name for path, _ in broken[:3]) + (", …" if len(broken) > 3 else "")
+        raise CheckpointError(f"{setting}={folder} holds no complete checkpoint ({names}: truncated or corrupt); "
+                              "train again or give another checkpoint")
     newest = max(complete, key=lambda c: c.global_step or 0)  # the first of the highest step: last.ckpt first
     for path, _ in broken:
         log.warning("%s cannot be read, so it is left out: the newest complete checkpoint, %s (step %s), is used",
@@ -75,15 +83,33 @@ def newest_checkpoint(folder: Path, setting: str = "ckpt_path") -> Checkpoint:
     return newest
 
 
-def read_checkpoint(path: Path, setting: str = "ckpt_path") -> dict[str, Any]:
-    """Load on CPU without executing pickled code; a damaged file is one clear error."""
+def read_checkpoint(path: Path, setting: str = "ckpt_path", beside: bool = True) -> dict[str, Any]:
+    """Load on CPU without executing pickled code; a damaged file is one clear error, which names the newest
+    complete checkpoint beside it, if any (``beside``)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # torch raises many types for truncated/garbage files
         reason = load_failure(err)
+        other = intact_beside(path) if beside else None
+        if other is not None:
+            raise CheckpointError(f"{setting}={path} cannot be read ({reason}); {other.path.name} beside it is "
+                                  f"complete (step {other.global_step}): give {setting}={other.path}") from err
         raise CheckpointError(
             f"{setting}={path} cannot be read (truncated, corrupt or not a checkpoint): {reason}"
         ) from err
+
+
+def intact_beside(path: Path) -> Checkpoint | None:
+    """The complete checkpoint of the highest step in the folder of ``path``, other than ``path``; None if none."""
+    found = []
+    for other in sorted(path.parent.glob("*.ckpt")):
+        if other.resolve() == path.resolve():
+            continue
+        try:
+            found.append(Checkpoint.open(other, beside=False))
+        except CheckpointError:
+            continue
+    return max(found, key=lambda c: c.global_step or 0, default=None)
 
 
 @dataclass
@@ -97,13 +123,13 @@ class Checkpoint:
     state: dict[str, Any]
 
     @classmethod
-    def open(cls, path: str | Path, setting: str = "ckpt_path") -> Checkpoint:
+    def open(cls, path: str | Path, setting: str = "ckpt_path", beside: bool = True) -> Checkpoint:
         """Resolve (a file or a run folder: :func:`newest_checkpoint`), read without executing code, and check that
-        train.py wrote it."""
+        train.py wrote it; a file that cannot be read is refused naming a complete checkpoint beside it (``beside``)."""
         resolved = existing_path(path, setting)
         if resolved.is_dir():
             return newest_checkpoint(resolved, setting)
-        state = read_checkpoint(resolved, setting)
+        state = read_checkpoint(resolved, setting, beside)
         xl = state.get(XL_KEY)
         if not isinstance(xl, dict) or "model_config" not in xl:
             raise CheckpointError(f"{setting}={resolved} is not a checkpoint written by this project's train.py")

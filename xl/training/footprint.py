@@ -40,8 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from xl.config.rules import model_values, processes_per_device
-from xl.data import make_tokenizer
+from xl.config.rules import model_values, processes_per_device, vocabulary_bound
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL, count_parameters
 from xl.training.headroom import NAMES, SETTINGS, verdict
@@ -183,14 +182,6 @@ def describe_run(footprint: RunFootprint, available: int, where: str, processes:
     advice = "" if judged == "fits" else f"; lower {SETTINGS[footprint.largest()]}"
     lines.append(f"{judged}{' (above 80%)' if judged == 'close' else ''}{advice}")
     return "\n".join(lines)
-
-
-def vocabulary_bound(cfg: Any) -> int:
-    """The smallest vocabulary a composed config's data can give, before its tokenizer is fitted (byte: exactly
-    256)."""
-    tokenizer = make_tokenizer(cfg.data.tokenizer, **(cfg.data.tokenizer_kwargs or {}))
-    cutoffs = cfg.model.cutoffs
-    return max(tokenizer.vocab_size, cutoffs[-1] + 1 if cutoffs else 0)
 
 
 def run_estimate(cfg: Any, vocab_size: int | None = None) -> tuple[RunFootprint, int]:

@@ -27,8 +27,8 @@ from xl.convert.cli import main as convert_main
 from xl.convert.fetch import FetchError
 from xl.convert.weights import model_config, read_safetensors, transformers_config
 from xl.data.words import WordTokenizer
-from xl.evaluate import build_evaluator, evaluate
-from xl.generate import generate
+from xl.evaluation import build_evaluator, evaluate
+from xl.generation import generate
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL, count_parameters
 from xl.training.build import build_datamodule, build_trainer

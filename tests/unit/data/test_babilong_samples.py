@@ -120,7 +120,8 @@ def test_a_background_without_usable_sentences_is_refused():
 
 def test_pg19_offline_fails_at_once_saying_what_to_do(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with pytest.raises(DataError, match=r"PG-19 cannot be fetched.*data/background=stdlib"):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(DataError, match=r"PG-19 is streamed from the hub, which .* forbid.*data/background=stdlib"):
         next(PG19Source().texts("test"))
 
 

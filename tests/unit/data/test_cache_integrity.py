@@ -196,3 +196,49 @@ def test_a_damaged_cache_in_a_folder_this_process_may_not_change_is_one_sentence
         open_cache(source, make_tokenizer("byte"), tmp_path / "cache")
     assert str(info.value) == (f"the token cache {folder} is damaged (train.npy is missing) and cannot be moved away "
                                "(Permission denied); delete that folder or set data.cache_dir to another folder")
+
+
+def test_a_cache_folder_that_is_a_file_is_called_a_file(tmp_path):
+    """data.cache_dir naming a file, or a folder under a file: the sentence names the file, not the disk's space."""
+    source = sources.TextFilesSource(**write_corpus(tmp_path))
+    (tmp_path / "notes").write_text("not a folder")
+    for root in (tmp_path / "notes", tmp_path / "notes" / "cache"):
+        with pytest.raises(DataError) as info:
+            open_cache(source, make_tokenizer("byte"), root)
+        assert str(info.value) == (f"data.cache_dir={root} is not a folder ({tmp_path / 'notes'} is a file); set "
+                                   "data.cache_dir to a folder")
+
+
+@pytest.mark.parametrize("code,why,sentence", [
+    (30, "Read-only file system", "data.cache_dir=ROOT cannot be written (Read-only file system); set "
+                                  "data.cache_dir to a folder this process can write"),
+    (13, "Permission denied", "data.cache_dir=ROOT cannot be written (Permission denied); set data.cache_dir to a "
+                              "folder this process can write"),
+    (2, "No such file or directory", "data.cache_dir=ROOT cannot be created (ROOT: No such file or directory); set "
+                                     "data.cache_dir to a folder that exists"),
+    (28, "No space left on device", "the disk of data.cache_dir=ROOT is full (No space left on device); free space "
+                                    "there or set data.cache_dir to a folder on another disk"),
+])
+def test_a_cache_folder_that_cannot_be_written_says_why(code, why, sentence, tmp_path, monkeypatch):
+    """A read-only, forbidden, vanished or full cache folder (the error as the disk would give it, raised here in
+    this process) is one sentence naming that cause; only a full disk asks for space. A corpus file that cannot be
+    read is named as such."""
+    import xl.data.cache as cache
+
+    source = sources.TextFilesSource(**write_corpus(tmp_path))
+    root = tmp_path / "cache"
+
+    def failing(path):
+        def build(*args):
+            raise OSError(code, why, str(path))
+        return build
+
+    monkeypatch.setattr(cache, "_build", failing(root if code == 2 else root / ".build.tmp" / "train.npy"))
+    with pytest.raises(DataError) as info:
+        open_cache(source, make_tokenizer("byte"), root)
+    assert str(info.value) == sentence.replace("ROOT", str(root))
+    assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == []  # nothing half-written
+    monkeypatch.setattr(cache, "_build", failing(tmp_path / "train.txt"))
+    with pytest.raises(DataError) as info:
+        open_cache(source, make_tokenizer("byte"), root)
+    assert str(info.value) == f"{tmp_path / 'train.txt'} cannot be read ({why}); make it readable or name another file"

@@ -372,7 +372,7 @@ def test_a_failed_build_leaves_nothing_that_is_trusted_later(tmp_path, monkeypat
 
     with monkeypatch.context() as patch:
         patch.setattr(np, "save", full_disk)
-        with pytest.raises(OSError):
+        with pytest.raises(DataError, match=r"^the disk of data.cache_dir=\S+ is full \(No space left on device\); "):
             build_cache(source, make_tokenizer("byte"), tmp_path / "cache")
     assert list((tmp_path / "cache").iterdir()) == []  # no cache folder, no half-written or temporary file
     assert bytes(open_cache(source, make_tokenizer("byte"), tmp_path / "cache").splits["val"]) == b"val text\n"
@@ -443,10 +443,42 @@ def test_hub_source_offline_without_a_cached_copy_says_what_to_do(monkeypatch):
     fake_datasets(monkeypatch, not_cached)
     with pytest.raises(DataError) as info:
         list(sources.HubSource("wikitext-2").texts("val"))
-    assert str(info.value).startswith("wikitext-2 is not in the datasets cache and HF_DATASETS_OFFLINE/HF_HUB_OFFLINE "
-                                      "is set (ConnectionError: ")
-    assert str(info.value).endswith("; point HF_HOME at a datasets cache that holds it, or download the files "
-                                    "elsewhere and use data=text data.train=PATH data.val=PATH data.test=PATH")
+    assert str(info.value) == ("wikitext-2 is not in the datasets cache (HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set); "
+                               "fetch Salesforce/wikitext (wikitext-2-v1) elsewhere and use data=text "
+                               "data.train=PATH data.val=PATH data.test=PATH")
+
+
+HUB_SENTENCES = {  # the source, what to fetch and where to pass it
+    "wikitext-2": ("Salesforce/wikitext (wikitext-2-v1) elsewhere and use data=text data.train=PATH data.val=PATH "
+                   "data.test=PATH"),
+    "PG-19": "deepmind/pg19 elsewhere and use data/background=text, or data/background=stdlib (no download)",
+}
+
+
+@pytest.mark.parametrize("name,flag", [("wikitext-2", None), ("PG-19", None), ("PG-19", "HF_HUB_OFFLINE"),
+                                       ("PG-19", "HF_DATASETS_OFFLINE")])
+def test_a_hub_dataset_out_of_reach_fails_at_once_in_one_short_sentence(name, flag, monkeypatch, capfd, caplog):
+    """A benchmark and BABILong's PG-19 background take one path to the hub (xl.data.sources.from_hub): with no
+    hub, one check and one sentence naming what to fetch and where to pass it, and datasets (whose retries print a
+    warning each, for about 30 s) is never called; with an offline flag, the same at once for a stream, which has
+    no cache (a benchmark reads the datasets cache: the test above). The flags are set and cleared here, whatever
+    the environment holds."""
+    from xl.data.babilong.background import PG19Source
+
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(variable, raising=False)
+    if flag:
+        monkeypatch.setenv(flag, "1")
+    monkeypatch.setattr(sources, "hub_unreachable", lambda: "[Errno 111] Connection refused")
+    calls = fake_datasets(monkeypatch, lambda *args, **kwargs: pytest.fail("datasets was asked"))
+    source = sources.HubSource("wikitext-2") if name == "wikitext-2" else PG19Source()
+    with pytest.raises(DataError) as info:
+        next(iter(source.texts("val")))
+    head = (f"{name}: the hub cannot be reached ([Errno 111] Connection refused)" if flag is None else
+            f"{name} is streamed from the hub, which HF_DATASETS_OFFLINE/HF_HUB_OFFLINE forbid")
+    assert str(info.value) == f"{head}; fetch {HUB_SENTENCES[name]}"
+    assert len(str(info.value)) < 200 and calls == []
+    assert capfd.readouterr() == ("", "") and caplog.records == []
 
 
 def test_hub_source_unreachable_fails_at_once_without_retries(tmp_path):
@@ -460,10 +492,9 @@ def test_hub_source_unreachable_fails_at_once_without_retries(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     seconds = float(result.stdout)  # from the call on: the imports before it take seconds on a busy machine
     message = result.stderr.strip().splitlines()[-1]
-    assert message.startswith("xl.data.errors.DataError: wikitext-2 cannot be fetched: the hub (http://127.0.0.1:9) "
-                              "cannot be reached (")
-    assert message.endswith("; set HF_DATASETS_OFFLINE=1 to read a copy already in the datasets cache, or download "
-                            "the files elsewhere and use data=text data.train=PATH data.val=PATH data.test=PATH")
+    assert message.startswith("xl.data.errors.DataError: wikitext-2: the hub cannot be reached (")
+    assert message.endswith("); fetch Salesforce/wikitext (wikitext-2-v1) elsewhere and use data=text "
+                            "data.train=PATH data.val=PATH data.test=PATH")
     assert "Retrying" not in result.stderr and seconds < 5
 
 

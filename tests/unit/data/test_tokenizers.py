@@ -307,6 +307,23 @@ def test_bad_tokenizer_files_and_settings_fail_at_once_naming_the_setting(tmp_pa
     assert not cache_dir.exists()  # all refused before any work
 
 
+def test_a_tokenizer_file_that_is_a_folder_is_called_a_folder(tmp_path, corpus):
+    """A folder given as data.tokenizer_file exists: the sentence says it is a folder, and names the file in it."""
+    paths = text_corpus(tmp_path, corpus)
+    folder = tmp_path / "exported"
+    folder.mkdir()
+    for tokenizer, name in (("bpe", "tokenizer.json"), ("word", "vocab.json")):
+        with pytest.raises(DataError) as info:
+            datamodule(paths, tmp_path / "cache", tokenizer, folder)
+        assert str(info.value) == f"data.tokenizer_file={folder} is a folder; point it at a {name} file"
+    hf_tokenizer("BPE", 300).save(str(folder / "tokenizer.json"))
+    with pytest.raises(DataError) as info:
+        datamodule(paths, tmp_path / "cache", "bpe", folder)
+    assert str(info.value) == (f"data.tokenizer_file={folder} is a folder; point it at the tokenizer.json file in "
+                               f"it, {folder / 'tokenizer.json'}")
+    assert not (tmp_path / "cache").exists()
+
+
 def test_a_binary_training_file_is_refused_for_subwords_and_nothing_is_kept(tmp_path):
     paths = write_corpus(tmp_path, "text\n", "more text\n", "and more\n")
     paths["train"].write_bytes(b"caf\xe9 latin-1 \xff\n")
@@ -390,7 +407,7 @@ def test_a_checkpoint_refuses_another_tokenizer_of_the_same_size(tmp_path, corpu
     import xl.generate
     from tests.conftest import compose_config, run_hydra_main, tiny_overrides
     from tests.integration.test_evaluate import compose_eval
-    from xl.evaluate import evaluate
+    from xl.evaluation import evaluate
     from xl.training.build import build_run
     from xl.training.checkpoint import CheckpointError
 

@@ -7,7 +7,7 @@ import math
 import torch
 
 from tests.conftest import compose_config, tiny_overrides
-from xl.generate import generate
+from xl.generation import generate
 from xl.training.build import build_run
 from xl.training.checkpoint import Checkpoint
 

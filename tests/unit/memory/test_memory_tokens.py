@@ -378,7 +378,7 @@ def test_generate_and_evaluate_commands_on_a_memory_token_checkpoint(tmp_path, c
     the vanilla baseline."""
     from tests.integration.test_evaluate import compose_eval, eval_overrides
     from tests.integration.test_generate import expected_text, generate_in_process
-    from xl.evaluate import evaluate
+    from xl.evaluation import evaluate
 
     run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "memory=tokens", "memory.mem_len=0",
                                    "trainer.max_steps=2"))

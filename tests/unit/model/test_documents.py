@@ -424,7 +424,7 @@ def test_resume_mid_epoch_is_exact_with_document_boundaries(tmp_path, corpus):
 
 def test_evaluate_reports_per_document_figures(tmp_path, corpus, capsys):
     from tests.integration.test_evaluate import compose_eval
-    from xl.evaluate import evaluate
+    from xl.evaluation import evaluate
 
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), *SEP, "trainer.max_steps=4", "test=false")
     run = build_run(cfg)
@@ -484,7 +484,7 @@ def test_training_with_boundaries_never_waits_for_the_device(tmp_path, corpus):
 def test_vanilla_windows_stop_at_document_starts():
     """The vanilla baseline under reset: one forward per token over its window equals one long segment read with
     the same documents (the window covers the whole prefix)."""
-    from xl.evaluate import vanilla_nll
+    from xl.evaluation import vanilla_nll
 
     model = make_model(mem_len=0)
     tokens, starts, _, _ = packed_rows()

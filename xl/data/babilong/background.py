@@ -6,9 +6,9 @@ a unit is a sentence that ends inside a line (``.``, ``!`` or ``?`` and the spac
 units give the text back. A unit longer than :data:`MAX_UNIT_TOKENS` is skipped, which bounds how far below the
 requested length a sample can end (:mod:`xl.data.babilong.samples`).
 
-:class:`PG19Source` is PG-19 itself (Rae et al., 2020), streamed from the Hugging Face hub; offline it fails at once
-in one sentence. The embedded corpus (``xl.data.sources.StdlibSource``) and local text files (``TextFilesSource``)
-need no download.
+:class:`PG19Source` is PG-19 itself (Rae et al., 2020), streamed from the Hugging Face hub; offline, or when the hub
+cannot be reached, it fails at once in one sentence (:func:`xl.data.sources.from_hub`, as the hub benchmarks do).
+The embedded corpus (``xl.data.sources.StdlibSource``) and local text files (``TextFilesSource``) need no download.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import re
 from collections.abc import Callable, Iterator
 
 from xl.data.errors import DataError
-from xl.data.sources import Source, offline
+from xl.data.sources import Source, from_hub
 
 MAX_UNIT_TOKENS = 256
 UNIT = re.compile(r"[^\n]*?[.!?]+[ \t]+|[^\n]*\n|[^\n]+")
 PG19 = "deepmind/pg19"
 PG19_SPLITS = {"train": "train", "val": "validation", "test": "test"}
-LOCAL_HINT = "use data/background=stdlib (the embedded corpus, no download) or data/background=text with local files"
+LOCAL_HINT = "fetch deepmind/pg19 elsewhere and use data/background=text, or data/background=stdlib (no download)"
 
 
 def units(text: str) -> list[str]:
@@ -75,14 +75,11 @@ class PG19Source:
         return f"data/background=pg19 ({split} split of {PG19})"
 
     def texts(self, split: str) -> Iterator[str]:
-        if offline():
-            raise DataError(f"PG-19 cannot be fetched: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set; {LOCAL_HINT}")
-        import datasets
-
+        rows = from_hub("PG-19", PG19, None, PG19_SPLITS[split], LOCAL_HINT, streaming=True)
         try:
-            for row in datasets.load_dataset(PG19, split=PG19_SPLITS[split], streaming=True):
+            for row in rows:
                 yield row["text"]
         except DataError:
             raise
-        except Exception as e:  # an unreachable hub surfaces as connection, httpx or hub errors alike
-            raise DataError(f"PG-19 could not be read from the hub ({type(e).__name__}: {e}); {LOCAL_HINT}") from e
+        except Exception as e:  # a hub that fails while streaming: connection, httpx or hub errors alike
+            raise DataError(f"PG-19 could not be read from the hub ({type(e).__name__}); {LOCAL_HINT}") from e
