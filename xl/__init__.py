@@ -8,7 +8,7 @@ rules), :mod:`xl.hub` (sharing models). The applications are the modules and pac
 
 The names a user reaches for are here, imported when first used, so ``import xl`` stays instant::
 
-    from xl import TransformerXL, XLConfig, TrainedRun, generate
+    from xl import TransformerXL, XLConfig, TrainedRun
     model = TransformerXL(XLConfig(vocab_size=256, n_layer=2))
     run = TrainedRun.open("outputs/2026-01-01/12-00-00")  # a run folder: its model and tokenizer
 """
@@ -28,17 +28,15 @@ PUBLIC = {
     "SegmentDataModule": "xl.data.datamodule",
     "Checkpoint": "xl.training.checkpoint",
     "TrainedRun": "xl.training.runs",
-    "generate": "xl.generation",
     "PretrainedXL": "xl.hub",
     "Memory": "xl.memory.base",
     "MemoryConfig": "xl.memory.settings",
 }
 __all__ = ["Checkpoint", "Memory", "MemoryConfig", "PretrainedXL", "SegmentDataModule", "TrainedRun", "TransformerXL",
-           "XLConfig", "XLLitModule", "__version__", "generate"]
+           "XLConfig", "XLLitModule", "__version__"]
 
 if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imported on first use
     from xl.data.datamodule import SegmentDataModule
-    from xl.generation import generate
     from xl.hub import PretrainedXL
     from xl.memory.base import Memory
     from xl.memory.settings import MemoryConfig

@@ -1,4 +1,4 @@
-"""The sampling of ``python -m xl.generate`` (:mod:`xl.generate`, whose help describes its settings): the
+"""The sampling behind the generate command (:mod:`xl.generate`, whose help describes its settings): the
 incremental decoder's sampling loop, its window, the warm-up and the prompt's tokens."""
 
 

@@ -92,9 +92,9 @@ def test_a_read_only_checkpoint_folder_ends_the_run_in_one_sentence(report):
     readonly = report["readonly"]
     assert readonly["path"] == "last.ckpt" and readonly["step"] == 2
     assert list(readonly["checkpoints"]) == ["last.ckpt"]
-    assert re.fullmatch(r"error: cannot write checkpoints to (\S+)/checkpoints \(Read-only file system\); the "
-                        r"last complete checkpoint, \1/checkpoints/last.ckpt \(step 2\), is intact; make the folder "
-                        r"writable and resume with: python train.py ckpt_path=\1", readonly["message"]), \
+    assert re.fullmatch(r"error: cannot write checkpoints to (\S+)/checkpoints \(Read-only file system\); "
+                        r"\1/checkpoints/last.ckpt \(step 2\) is intact; make the folder writable, then resume: "
+                        r"python train.py ckpt_path=\1", readonly["message"]), \
         readonly["message"]
 
 
@@ -124,9 +124,9 @@ def test_a_checkpoint_write_refused_by_permissions_is_said_in_train_log(tmp_path
                                     "callbacks.model_checkpoint.monitor=null",
                                     "callbacks.model_checkpoint.every_n_train_steps=2",
                                     "callbacks.model_checkpoint.save_top_k=0"], monkeypatch)
-    sentence = (f"error: cannot write checkpoints to {run}/checkpoints (Permission denied); the last complete "
-                f"checkpoint, {run}/checkpoints/last.ckpt (step 2), is intact; make the folder writable and resume "
-                f"with: python train.py ckpt_path={run}")
+    sentence = (f"error: cannot write checkpoints to {run}/checkpoints (Permission denied); "
+                f"{run}/checkpoints/last.ckpt (step 2) is intact; make the folder writable, then resume: "
+                f"python train.py ckpt_path={run}")
     assert stop.value.code == sentence
     assert (run / "train.log").read_text().rstrip().endswith(sentence)
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["last.ckpt"]

@@ -141,3 +141,17 @@ def test_a_curriculum_run_is_read_back_at_its_last_stage_with_its_vocabulary(tmp
     assert run.data["length"] == 60 and run.data["vocabulary"] == {"length": 60, "tasks": ["qa1"]}
     data = run.datamodule()  # refused if its vocabulary were not the checkpoint's
     assert data.tokenizer_fingerprint == run.checkpoint.state["xl"]["tokenizer"]
+
+
+def test_the_curriculum_the_babilong_page_shows_is_the_experiments():
+    import re
+
+    from omegaconf import OmegaConf
+
+    from tests.helpers.paths import ROOT
+
+    page = (ROOT / "docs" / "babilong.md").read_text(encoding="utf-8")
+    shown = re.search(r"```yaml\n(curriculum:\n.*?)```", page, re.S).group(1)
+    experiment = OmegaConf.load(ROOT / "conf" / "experiment" / "babilong_curriculum.yaml")
+    assert OmegaConf.to_container(OmegaConf.create(shown))["curriculum"] == \
+        OmegaConf.to_container(experiment)["curriculum"]

@@ -524,6 +524,8 @@ def parse_only(args: list[str], monkeypatch) -> None:
     except Parsed:
         return
     except SystemExit as stop:
+        if stop.code == 0 and {"-h", "--help"} & set(rest):
+            return  # the help, printed by the parser itself
         pytest.fail(f"python {' '.join(args)}: its parser refuses it (exit {stop.code})")
     pytest.fail(f"python {' '.join(args)} parsed no arguments")
 

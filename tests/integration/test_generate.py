@@ -128,7 +128,8 @@ def test_generate_command_on_a_checkpoint_trained_without_memory(no_memory_ckpt,
 def test_generate_command_without_a_recorded_segment_length_uses_seg_len(no_memory_ckpt, corpus, tmp_path,
                                                                          monkeypatch, capsys):
     state = torch.load(no_memory_ckpt, weights_only=True)
-    del state["loops"]  # no train loader position: the training segment length is unknown
+    del state["loops"]  # no train loader position and no recorded length: the training segment length is unknown
+    del state["xl"]["train_tgt_len"]
     ckpt = tmp_path / "no_loops.ckpt"
     torch.save(state, ckpt)
     out, err, windows = generate_in_process(ckpt, corpus, tmp_path, monkeypatch, capsys, "seg_len=11")

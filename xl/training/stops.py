@@ -89,9 +89,10 @@ def full_disk_sentence(err: OSError, run_dir: Path) -> str:
 def unwritable_sentence(err: CheckpointWriteError, run_dir: Path) -> str:
     """A checkpoint folder that refuses writes for another reason than a full disk (read-only, no permission)."""
     where = f"cannot write checkpoints to {err.filename} ({err.strerror})"
-    intact = kept(run_dir)
-    if intact:
-        return f"{where}; {intact}; make the folder writable and resume with: {resume_command(run_dir)}"
+    checkpoint = newest_complete(run_dir)
+    if checkpoint is not None:
+        return (f"{where}; {checkpoint.path} (step {checkpoint.global_step}) is intact; make the folder writable, "
+                f"then resume: {resume_command(run_dir)}")
     return (f"{where} before the first complete checkpoint was written; make the folder writable and run the command "
             "again")
 
