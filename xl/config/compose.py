@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from xl.config.compose_errors import describe_error
+from xl.config.help import help_overrides, job_name, render_help
 from xl.config.rules import ConfigError, check_bounds
 from xl.config.schema import register
 from xl.memory import settings
@@ -160,6 +161,12 @@ def entry_point(config_name: str) -> Callable[[Callable[[DictConfig], T]], Calla
 
         @functools.wraps(task)
         def main() -> T:
+            overrides = help_overrides(sys.argv[1:])
+            if overrides is not None:
+                text = render_help(CONF_DIR, config_name, job_name(task), overrides)
+                if text is not None:
+                    print(text)
+                    sys.exit(0)  # as Hydra ends its own --help
             if os.environ.get("HYDRA_FULL_ERROR"):
                 return hydra_main()
             os.environ["HYDRA_FULL_ERROR"] = "1"
