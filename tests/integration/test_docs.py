@@ -65,6 +65,11 @@ SKIP = {
     "hydra.launcher.partition=gpu hydra.launcher.timeout_min=1440": "needs a SLURM cluster",
     "python -m xl.bench.gpu": "needs a CUDA GPU",
     "python -m xl.bench.gpu --experiment enwik8_base": "needs a CUDA GPU",
+    # hours of CPU
+    "python -m xl.probe data.source.gap=600 data.source.eval_episodes=400 memory=knn memory.knn_size=512 --mem-lens 32 "
+    "--distances 16 48 64 128 256 512 --seeds 1 2 3 4 5 --score data.source.gap=16600 data.source.eval_episodes=90 "
+    "data.source.distances=[1024,4096,16384] memory.knn_size=16384":
+        "five trainings and scorings over 16,600-token episodes; the one-seed commands above it run",
     # downloads and accounts
     "python train.py data=wikitext103": "downloads WikiText-103",
     "python train.py data=babilong data/background=pg19": "streams PG-19 from the Hugging Face hub",
