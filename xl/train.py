@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.compose import entry_point, exit_on_user_error
 from xl.config.rules import ConfigError, check_config
-from xl.training import run_lock
+from xl.training import run_lock, wandb_log
 from xl.training.console import errors_logged, quiet_libraries, quiet_wandb, quiet_warnings
 from xl.training.runs import continue_run, holds_run, requeued, wandb_id
 
@@ -127,7 +127,7 @@ def report(trainer, module, metrics: dict[str, float], saved: tuple[str, str]) -
 def wandb_upload(session: Path, run_id: str) -> str:
     """Where an offline W&B run is and the command that uploads all of it: each session (the first and every
     resume) is a folder ``offline-run-<start>-<id>``, and ``wandb sync`` given them all uploads them in order."""
-    sessions = sorted(session.parent.glob(f"offline-run-*-{run_id}*"))
+    sessions = wandb_log.sessions(session.parent, run_id)
     return f"{len(sessions)} offline session(s) in {session.parent} (upload: wandb sync {' '.join(map(str, sessions))})"
 
 

@@ -14,8 +14,10 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+import wandb
 
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
+from tests.helpers import wandb_records
 from tests.integration.test_stops import stop_cfg
 from xl import train
 from xl.training import run_lock
@@ -176,3 +178,58 @@ def test_the_lock_is_held_by_the_run_and_given_back_when_it_stops(tmp_path):
         raise SystemExit(1)
     with run_lock.hold(tmp_path):
         pass
+
+
+class KillBetweenCheckpointsOfWandb(KillBetweenCheckpoints):
+    """As :class:`KillBetweenCheckpoints`, with the W&B session's file holding every row W&B was given before the
+    kill (W&B's writer is a process of its own, which a kill of the training process leaves to finish its file)."""
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        if trainer.global_step == self.at and self.saves == 1:
+            trainer.logger.experiment.finish()
+            wandb_records.written()
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+
+
+def wandb_rows(run: Path) -> list[dict]:
+    """The history rows of every offline W&B session of the run folder, session after session."""
+    sessions = sorted((run / "wandb").glob("offline-run-*"))
+    return [row for s in sessions for row in wandb_records.history(next(s.glob("run-*.wandb")))]
+
+
+def test_a_kill_between_the_step_checkpoint_and_last_ckpt_loses_no_wandb_row(tmp_path, corpus, monkeypatch):
+    """The resume starts at step 7 and the row of step 6 was never given to W&B: the sessions' history lacked it."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    common = ("logger=wandb", "test=false", "trainer.limit_train_batches=5", "trainer.max_steps=12",
+              "trainer.val_check_interval=3", "callbacks.model_checkpoint.monitor=null", "trainer.deterministic=true",
+              "callbacks.model_checkpoint.every_n_train_steps=7")
+    run = tmp_path / "parts" / "run"
+    kill = [f"+callbacks.kill._target_={__name__}.KillBetweenCheckpointsOfWandb", f"+callbacks.kill.folder={run}",
+            "+callbacks.kill.at=7"]
+    with pytest.raises(KeyError):
+        train.fit_and_test(compose_config(*tiny_overrides(tmp_path / "parts", corpus), *common, *kill))
+    shutil.rmtree(run)
+    (run.parent / "killed").rename(run)  # the folder as the kill left it
+    killed = wandb_rows(run)
+    assert [row["_step"] for row in killed] == list(range(7)), "W&B has every row it was given before the kill"
+    assert "lr-AdamW/pg1" in killed[6] and "train/loss" not in killed[6], "step 6: the callbacks' values, no loss"
+    # the unbroken run between the two sessions: W&B names a session's folder by the second it starts in
+    train.fit_and_test(compose_config(*tiny_overrides(tmp_path / "whole", corpus), *common))
+    wandb.finish()  # train.py's main ends the session; fit_and_test leaves it open
+    whole = {row["_step"]: row for row in wandb_rows(tmp_path / "whole" / "run")}
+    assert sorted(whole) == list(range(12))
+    train.fit_and_test(compose_config(*tiny_overrides(tmp_path / "parts", corpus), *common, f"ckpt_path={run}"))
+    wandb.finish()
+    assert len(list((run / "wandb").glob("offline-run-*"))) == 2
+    rows = wandb_rows(run)
+    assert rows[:7] == killed and [row["_step"] for row in rows[7:]] == list(range(6, 12))
+    assert all(row["trainer/global_step"] == row["_step"] for row in rows), "W&B's x-axis value in every record"
+    values = [(row["_step"], key) for row in rows for key in row if not key.startswith(("_", "trainer/"))]
+    assert len(values) == len(set(values)), "each value of each step once"
+    merged = {step: {k: v for row in rows if row["_step"] == step for k, v in row.items() if not k.startswith("_")}
+              for step in range(12)}
+    assert {s: set(r) for s, r in merged.items()} == {s: set(r) - {"_step", "_runtime", "_timestamp"}
+                                                      for s, r in whole.items()}, "the unbroken run's values"
+    figures = ["epoch", "train/loss", "train/bpb", "val/loss", "val/bpb", "lr-AdamW/pg1"]  # not the throughput's
+    assert {s: [r[k] for k in figures if k in r] for s, r in merged.items()} == \
+           {s: [r[k] for k in figures if k in r] for s, r in whole.items()}

@@ -11,7 +11,9 @@
   in place, W&B issue #4624), and W&B numbers a session's rows (``_step``) from 0. This one gives W&B the trainer's
   step as ``_step``, so the resumed session's rows continue the run's and ``wandb sync`` of all its folders uploads
   one history; values a callback sends with a smaller step of its own (ThroughputMonitor counts test batches)
-  join the current row.
+  join the current row. A resumed offline session first logs the checkpoint's ``step_row`` values that the earlier
+  sessions lack at that step (a kill after the checkpoint, before Lightning logged the row); a row the kill cut in
+  two (callbacks' values logged before the checkpoint, the step's figures after) stays two records of one step.
 
 :meth:`continue_from` tells a logger the step of the checkpoint the run resumes from (xl.training.build does).
 """
@@ -29,6 +31,8 @@ from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
+
+from xl.training import wandb_log
 
 
 class CSVLogger(LightningCSVLogger):
@@ -88,14 +92,30 @@ class WandbLogger(LightningWandbLogger):
     """Lightning's WandbLogger with W&B's ``_step`` set to the trainer's step (see the module's notes)."""
 
     step = 0  # the step of W&B's current row
+    step_row: dict[str, Any] | None = None  # the checkpoint's row, until the session's first values are logged
 
     def continue_from(self, step: int, step_row: dict[str, Any] | None = None) -> None:
-        """Continue W&B's rows at ``step`` (``step_row``: see :meth:`CSVLogger.continue_from`; W&B's record of each
+        """Continue W&B's rows at ``step``; ``step_row``: see :meth:`CSVLogger.continue_from` (W&B's record of each
         session is kept as it was written)."""
-        self.step = step
+        self.step, self.step_row = step, step_row
+
+    def log_step_row(self) -> None:
+        """Log the values of the checkpoint's row that the run's earlier offline sessions lack, at its step."""
+        row, self.step_row = self.step_row, None
+        run = self.experiment
+        if row is None or not run.offline:
+            return
+        current = Path(run.dir).parent
+        earlier = [s for s in wandb_log.sessions(current.parent, run.id) if s != current]
+        held = wandb_log.logged_at(earlier, row["step"])
+        values = {k: v for k, v in row.items() if k != "step" and k not in held}
+        if set(values) - {"epoch"}:  # W&B's x-axis value joins each record of the step (Lightning's step_sync)
+            run.log({**values, "trainer/global_step": row["step"]}, step=row["step"])
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if self.step_row is not None:
+            self.log_step_row()
         if step is None:
             super().log_metrics(metrics)
             return
