@@ -70,6 +70,12 @@ SKIP = {
     "--distances 16 48 64 128 256 512 --seeds 1 2 3 4 5 --score data.source.gap=16600 data.source.eval_episodes=90 "
     "data.source.distances=[1024,4096,16384] memory.knn_size=16384":
         "five trainings and scorings over 16,600-token episodes; the one-seed commands above it run",
+    "python -m xl.probe data.source.gap=400 memory=tokens --mem-lens 32 --steps 1500 --seeds 1 2 3 4 5 --score "
+    "data.source.gap=1100 data.source.eval_episodes=200 data.source.distances=[16,48,64,160,512,1024]":
+        "five trainings and scorings; the one-seed commands above it run",
+    "python -m xl.probe data.source.gap=400 memory=tokens memory.grad_segments=4 --mem-lens 32 --steps 3000 --seeds 1 "
+    "2 3 4 5 --score data.source.gap=1100 data.source.eval_episodes=200 data.source.distances=[16,48,64,160,512,1024]":
+        "five trainings and scorings; the one-seed commands above it run",
     # downloads and accounts
     "python train.py data=wikitext103": "downloads WikiText-103",
     "python train.py data=babilong data/background=pg19": "streams PG-19 from the Hugging Face hub",
