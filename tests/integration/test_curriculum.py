@@ -150,7 +150,7 @@ def test_the_curriculum_the_babilong_page_shows_is_the_experiments():
 
     from tests.helpers.paths import ROOT
 
-    page = (ROOT / "docs" / "babilong.md").read_text(encoding="utf-8")
+    page = (ROOT / "docs/babilong.md").read_text(encoding="utf-8")
     shown = re.search(r"```yaml\n(curriculum:\n.*?)```", page, re.S).group(1)
     experiment = OmegaConf.load(ROOT / "conf" / "experiment" / "babilong_curriculum.yaml")
     assert OmegaConf.to_container(OmegaConf.create(shown))["curriculum"] == \
