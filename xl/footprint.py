@@ -45,7 +45,7 @@ SEED_CONFIGS = [(512, 768, 12, 8), (512, 1024, 24, 8), (1024, 1024, 24, 8), (204
 def print_run(overrides: list[str]) -> None:
     """The estimate of the training run that ``python train.py OVERRIDES`` would start, against this machine."""
     from xl.config.compose import compose, exit_on_user_error
-    from xl.config.rules import check_device
+    from xl.config.machine import check_device
 
     with exit_on_user_error():
         cfg = compose("config", overrides)

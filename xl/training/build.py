@@ -24,8 +24,9 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.plugins import CheckpointIO
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.config.rules import ConfigError, check_config, check_device, config_key, model_values, uses_cuda
-from xl.config.rules import check_fits as check_estimate
+from xl.config.machine import check_device, uses_cuda
+from xl.config.machine import check_fits as check_estimate
+from xl.config.rules import ConfigError, check_config, config_key, model_values
 from xl.data import DataError
 from xl.memory.store import packed_size
 from xl.model.config import XLConfig
@@ -79,7 +80,7 @@ def model_error(err: Exception) -> ConfigError:
 
 def check_fits(cfg: DictConfig, vocab_size: int | None = None, warn: bool = True) -> None:
     """Refuse a run whose estimate (xl.training.footprint) exceeds the device's free memory, naming the setting; warn
-    when it is close (:func:`xl.config.rules.check_fits`)."""
+    when it is close (:func:`xl.config.machine.check_fits`)."""
     try:
         footprint, processes = run_estimate(cfg, vocab_size)
     except (TypeError, ValueError) as err:  # the model with the data's vocabulary (its cutoffs)
@@ -218,7 +219,7 @@ def make_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None, **kwargs:
 
 def build_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None, resumed: Checkpoint | None = None) -> L.Trainer:
     """The run's Trainer; ``preloaded``: the checkpoint a fit resumes from; ``resumed``: the checkpoint of the run
-    this session continues (a fit's, or the test of a run whose training is complete): its loggers continue from
+    this command continues (a fit's, or the test of a run whose training is complete): its loggers continue from
     its step."""
     loggers = build_loggers(cfg)
     resumed = resumed or preloaded

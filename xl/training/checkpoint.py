@@ -22,6 +22,7 @@ import torch
 from xl.memory import settings
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
+from xl.training.run_files import find_run_folder
 from xl.training.torch_errors import load_failure
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,6 @@ def newest_checkpoint(folder: Path, setting: str = "ckpt_path") -> Checkpoint:
     """The checkpoint a run folder names: the complete one of the highest step (``last.ckpt`` on a tie). A file
     that cannot be read (a checkpoint that a kill, a full disk or another program cut short) is left out, in one
     line that says which one is used instead."""
-    from xl.training.runs import find_run_folder
-
     files = sorted(checkpoint_folder(folder).glob("*.ckpt"), key=lambda p: (p.name != "last.ckpt", p.name))
     run = find_run_folder(folder) is not None
     if not files and run:

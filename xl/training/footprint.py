@@ -27,7 +27,7 @@ The cache is exact: one tensor per layer holds that layer's input for the last `
   counted in float32 under the mixed precisions, an upper estimate.
 
 It leaves out the allocator's slack, the CUDA context and library workspaces, so a run estimated near the
-device's memory may still not fit: :func:`xl.config.rules.check_fits` warns above 80% and refuses above 100%.
+device's memory may still not fit: :func:`xl.config.machine.check_fits` warns above 80% and refuses above 100%.
 ``python -m xl.footprint`` prints the cache table, one cache, or a whole run's estimate (``--run``).
 """
 
@@ -40,7 +40,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from xl.config.rules import model_values, processes_per_device, vocabulary_bound
+from xl.config.machine import processes_per_device
+from xl.config.rules import model_values, vocabulary_bound
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL, count_parameters
 from xl.training.headroom import NAMES, SETTINGS, verdict
@@ -186,7 +187,8 @@ def describe_run(footprint: RunFootprint, available: int, where: str, processes:
 
 def run_estimate(cfg: Any, vocab_size: int | None = None) -> tuple[RunFootprint, int]:
     """The estimate for one device of the training run a composed config describes, and how many processes share
-    that device's memory (xl.config.rules.processes_per_device); ``vocab_size`` defaults to :func:`vocabulary_bound`."""
+    that device's memory (xl.config.machine.processes_per_device); ``vocab_size`` defaults to
+    :func:`vocabulary_bound`."""
     data, memory = cfg.data, cfg.memory
     config = XLConfig.from_dict(model_values(cfg, vocab_size or vocabulary_bound(cfg)))
     eval_batch = data.batch_size if data.eval_batch_size is None else data.eval_batch_size

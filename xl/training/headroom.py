@@ -1,6 +1,6 @@
 """How a run's estimated footprint (:class:`xl.training.footprint.RunFootprint`) compares with the memory a device has:
 the verdict, the words that name each part of the footprint, and the setting to lower (used by
-:func:`xl.config.rules.check_fits` and by ``python -m xl.footprint``)."""
+:func:`xl.config.machine.check_fits` and by ``python -m xl.footprint``)."""
 
 from __future__ import annotations
 

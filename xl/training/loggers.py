@@ -3,7 +3,7 @@
 - :class:`CSVLogger`: Lightning's CSVLogger writes ``<run folder>/csv/metrics.csv`` and, on a resume into the same
   folder, deletes the file. This one keeps the rows of the steps before the checkpoint the run continues from and
   appends the resumed session's rows (rows of steps after the checkpoint, which the resume trains again, go, and so
-  do the rows of an earlier session's test: the run's test is the one at its end). A session that only tests (the
+  do the rows of a test before the resume: the run's test is the one at its end). A session that only tests (the
   run's training is complete) keeps every training row likewise. The row of the checkpoint's own step is written
   after the checkpoint (Lightning's order); a kill between the two leaves the file without it, and the resume writes
   it from the checkpoint (``XLLitModule.step_row``).

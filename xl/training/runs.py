@@ -24,14 +24,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.rules import ConfigError
+from xl.training.run_files import CONFIG, HYDRA, OVERRIDES, find_run_folder  # noqa: F401 (read from here too)
 
 if TYPE_CHECKING:  # the checkpoint code imports torch, which train.py's start (continue_run) goes without
     from xl.model.transformer import TransformerXL
     from xl.training.checkpoint import Checkpoint
 
-CONFIG = Path(".hydra") / "config.yaml"
-OVERRIDES = Path(".hydra") / "overrides.yaml"
-HYDRA = Path(".hydra") / "hydra.yaml"
 WANDB_ID = "wandb_id"
 # Data settings that are paths: made absolute against the folder the run's command ran in.
 PATH_KEYS = ("train", "val", "test", "tokenizer_file", "cache_dir")
@@ -51,14 +49,6 @@ RESUMABLE = ("trainer.max_steps", "trainer.max_epochs", "trainer.val_check_inter
              "tags", "max_nonfinite_steps", "ckpt_path", "train")
 NOT_CARRIED = ("hydra.run.dir", "ckpt_path", "overwrite")  # overrides of the run that its resume does not repeat
 RESUMABLE_TREES = ("logger", "callbacks", "compile", "hydra", "paths")  # every key under these
-
-
-def find_run_folder(path: str | Path) -> Path | None:
-    """The run folder of ``path`` (a run folder, or a checkpoint in it or in its ``checkpoints/``), if it holds
-    the run's composed config."""
-    p = Path(path).expanduser()
-    candidates = (p, p.parent) if p.is_dir() else (p.parent, p.parent.parent)  # RUN, RUN/checkpoints, a file
-    return next((folder for folder in candidates if (folder / CONFIG).is_file()), None)
 
 
 def run_overrides(folder: Path) -> list[str]:

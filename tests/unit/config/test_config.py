@@ -146,7 +146,7 @@ def test_auto_precision_on_a_cpu_is_bf16_where_it_computes_bf16(flags, expected,
     assert xl.training.cpu.cpu_flags(cpuinfo) == {"fpu", "vme", "sse2", "avx", "avx2", *flags.split()}
     monkeypatch.setattr(xl.training.cpu, "CPUINFO", str(cpuinfo))
     cfg = compose_config(f"paths.output_dir={tmp_path}")
-    with caplog.at_level(logging.INFO, logger="xl.config.rules"):
+    with caplog.at_level(logging.INFO, logger="xl.config.machine"):
         assert check_device(cfg) is False
     assert cfg.trainer.precision == expected
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision=auto")]
