@@ -11,6 +11,7 @@ the records before it are read.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,9 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 def sessions(folder: Path, run_id: str) -> list[Path]:
     """The offline sessions of W&B run ``run_id`` in ``folder`` (``offline-run-<start>-<id>``: the first and each
-    resume), oldest first."""
-    return sorted(Path(folder).glob(f"offline-run-*-{run_id}"))
+    resume; ``-<id>-1``, ``-2``, ... for sessions that started within the same second), oldest first."""
+    name = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?")
+    return sorted(path for path in Path(folder).glob(f"offline-run-*-{run_id}*") if name.fullmatch(path.name))
 
 
 def records(path: Path) -> list[Any]:
