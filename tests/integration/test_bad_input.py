@@ -545,3 +545,20 @@ def test_a_schema_is_not_an_option_of_its_group(group):
     for option in ("schema", "files_schema", "wandb_schema"):
         with pytest.raises(ConfigError, match=f"^{group}={option} is not an option of the {group} group; choose "):
             compose_or_explain("config", [f"{group}={option}"])
+
+
+def test_the_strategy_names_known_for_this_lightning_release_are_its_registry(monkeypatch):
+    """A misspelt strategy is refused from the list known for the installed Lightning release (no Lightning import);
+    the list must be that release's registry, and another release reads its registry."""
+    from importlib.metadata import version
+
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from xl.config import rules
+
+    release = ".".join(version("lightning").split(".")[:2])
+    assert rules.strategy_names() == sorted(StrategyRegistry.available_strategies())
+    if release in rules.STRATEGIES:
+        assert sorted(rules.STRATEGIES[release]) == sorted(StrategyRegistry.available_strategies())
+    monkeypatch.setattr(rules, "STRATEGIES", {})  # a release without a known list
+    assert rules.strategy_names() == sorted(StrategyRegistry.available_strategies())

@@ -26,6 +26,7 @@ COMMANDS = {  # in this order: a library one command imports stays imported for 
     "train.py trainer.max_steps=-5 hydra.run.dir=OUT": "error: trainer.max_steps must be -1 (no limit)",
     "train.py model.n_head=0 hydra.run.dir=OUT": "error: model.n_head must be a positive integer, got 0",
     "-m xl.generate ckpt=RUN top_p=1.5 hydra.run.dir=OUT": "error: top_p must be a number in (0, 1], got 1.5",
+    "train.py trainer.strategy=dpp hydra.run.dir=OUT": "error: trainer.strategy must be auto, a mapping with a",
     # torch from here on (a memory's settings are typed by its module, which imports torch)
     "-m xl.footprint": "512m × 768d × 12L × 8b float32",
     "train.py memory.mem_len=0 memory.same_length=true hydra.run.dir=OUT":

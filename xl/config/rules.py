@@ -3,13 +3,14 @@
 :func:`check_config` checks a composed config once, before any work: the bounds the schemas declare beside each field
 (:mod:`xl.config.schema`, :mod:`xl.config.bounds`), keys added with ``+``, the rules between settings (the model's
 shape, the memory's variants, the compression rate, windows of ``grad_segments``) and those of the trainer, its
-callbacks and loggers (:func:`check_trainer`: the arguments each ``_target_`` takes, a misspelt ``+trainer.X`` among
-them; the strategy's name, which Lightning would refuse only when the trainer is built, over several sentences; the
-metric a callback monitors, which Lightning would refuse at the first validation, as a traceback; the compile
-backend) and the schedule's (:mod:`xl.config.schedule`: an endless training split, a curriculum's stages, a searching
-sweeper's objective). :mod:`xl.config.machine` adds what the machine allows. The model's own checks
-(:func:`check_model`, :func:`check_context`, :func:`check_adaptive`) serve :class:`xl.model.config.XLConfig` and the
-evaluation overrides of a checkpoint as well, so a Python user gets the same sentences.
+callbacks and loggers (with the bounds, the strategy's name, which Lightning would refuse only when the trainer is
+built, over several sentences; :func:`check_trainer`: the arguments each ``_target_`` takes, a misspelt
+``+trainer.X`` among them; the metric a callback monitors, which Lightning would refuse at the first validation, as
+a traceback; the compile backend) and the schedule's (:mod:`xl.config.schedule`: an endless training split, a
+curriculum's stages, a searching sweeper's objective). :mod:`xl.config.machine` adds what the machine allows. The
+model's own checks (:func:`check_model`, :func:`check_context`, :func:`check_adaptive`) serve
+:class:`xl.model.config.XLConfig` and the evaluation overrides of a checkpoint as well, so a Python user gets the same
+sentences.
 """
 
 from __future__ import annotations
@@ -122,7 +123,6 @@ def check_grad_segments(grad_segments: Any) -> None:
 # ---- the trainer, its callbacks and loggers ------------------------------------------------------------------
 def check_trainer(cfg: DictConfig) -> None:
     check_arguments(cfg.trainer, "trainer")
-    check_strategy(cfg.trainer.get("strategy"))
     check_arguments(cfg.trainer.get("strategy"), "trainer.strategy")
     for group in ("callbacks", "logger"):
         for name, node in (cfg.get(group) or {}).items():
@@ -154,14 +154,39 @@ def check_arguments(node: Any, key: str) -> None:
             raise ValueError(f"{key}.{name} is not an argument of {target_path}; remove it")
 
 
+# Lightning's strategy registry by release (``StrategyRegistry.available_strategies()``, tested equal to the installed
+# one): a misspelt name is refused before Lightning and torch are imported. Another release reads its registry.
+STRATEGIES = {"2.6": (
+    "ddp", "ddp_find_unused_parameters_false", "ddp_find_unused_parameters_true", "ddp_fork",
+    "ddp_fork_find_unused_parameters_false", "ddp_fork_find_unused_parameters_true", "ddp_notebook",
+    "ddp_notebook_find_unused_parameters_false", "ddp_notebook_find_unused_parameters_true", "ddp_spawn",
+    "ddp_spawn_find_unused_parameters_false", "ddp_spawn_find_unused_parameters_true", "deepspeed", "deepspeed_stage_1",
+    "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3", "deepspeed_stage_3_offload",
+    "deepspeed_stage_3_offload_nvme", "fsdp", "fsdp_cpu_offload", "single_device", "single_tpu", "single_xla", "xla",
+    "xla_debug")}
+
+
+def strategy_names() -> list[str]:
+    """The names Lightning's strategy registry holds: this release's known list, else the registry itself."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = ".".join(version("lightning").split(".")[:2])
+    except PackageNotFoundError:
+        release = None
+    if release in STRATEGIES:
+        return sorted(STRATEGIES[release])
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    return sorted(StrategyRegistry.available_strategies())
+
+
 def check_strategy(strategy: Any) -> None:
     """A strategy given by name must be ``auto`` or a name of Lightning's registry (a mapping names its class); the
     sentence lists the registry's families (``ddp``), not each variant (``ddp_spawn_find_unused_parameters_true``)."""
     if not isinstance(strategy, str) or strategy == "auto":
         return
-    from lightning.pytorch.strategies import StrategyRegistry
-
-    names = sorted(StrategyRegistry.available_strategies())
+    names = strategy_names()
     if strategy not in names:
         families = [n for n in names if not any(n.startswith(f"{m}_") for m in names)]
         close = difflib.get_close_matches(strategy, names, n=1)
@@ -197,10 +222,15 @@ def check_compile(compile_cfg: Any) -> None:
 
 # ---- a composed config ----------------------------------------------------------------------------------------
 def check_bounds(cfg: DictConfig) -> None:
-    """Every bound the schemas declare, for each key the config has (a removed callback or logger is skipped)."""
+    """Every bound the schemas declare, for each key the config has (a removed callback or logger is skipped), and
+    a strategy's name (one of Lightning's)."""
     for key, value, bound in schema_bounds(cfg):
         if not bound.allows(value):
             raise ConfigError(f"{key} must be {bound.says}, got {shown(value)!r}")
+    try:
+        check_strategy(OmegaConf.select(cfg, "trainer.strategy"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_added_keys(cfg: DictConfig) -> None:
