@@ -251,7 +251,12 @@ def test_a_document_that_begins_inside_a_segment_reads_nothing_before_it():
 # ---- decoding -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mem_len", [0, 7])
 def test_one_token_decoding_equals_the_forward_read_in_segments(mem_len):
-    model = token_model(mem_len)
+    assert_decodes_as_forward(token_model(mem_len))
+
+
+def assert_decodes_as_forward(model: TransformerXL) -> None:
+    """Tokens fed one by one, and after prompts that end inside the first segment, on a boundary and after two, give
+    the logits of the forward pass read in segments of ``SEG`` (float64)."""
     tokens = random_tokens(3, 4 * SEG + 2, seed=8)
     with torch.no_grad():
         expected = forward_logits(model, tokens, SEG)

@@ -12,7 +12,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
-from tests.unit.memory.test_memory_tokens import TINY, forward_logits, random_tokens, reference_layer
+from tests.unit.memory.test_memory_tokens import (
+    TINY,
+    assert_decodes_as_forward,
+    forward_logits,
+    random_tokens,
+    reference_layer,
+)
 from xl.memory.rmt import RMTConfig
 from xl.memory.tokens import TokensConfig
 from xl.model.config import XLConfig
@@ -117,19 +123,7 @@ def test_gradients_through_k_segments_equal_the_reference():
 # ---- decoding -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mem_len", [0, 7])
 def test_one_token_decoding_equals_the_forward_read_in_segments(mem_len):
-    model = rmt_model(mem_len=mem_len)
-    tokens = random_tokens(3, 4 * SEG + 2, seed=8)
-    with torch.no_grad():
-        expected = forward_logits(model, tokens, SEG)
-        decoder = model.decoder(3)
-        fed = torch.stack([decoder.feed(tokens[:, t]) for t in range(tokens.size(1))], 1)
-        torch.testing.assert_close(fed, expected, rtol=1e-9, atol=1e-10)
-        for prompt in (SEG - 2, 2 * SEG, 2 * SEG + 3):  # inside the first segment, on a boundary, after two
-            decoder = model.decoder(3)
-            last = decoder.prefill(tokens[:, :prompt], 128)
-            torch.testing.assert_close(last, expected[:, prompt - 1], rtol=1e-9, atol=1e-10)
-            fed = torch.stack([decoder.feed(tokens[:, t]) for t in range(prompt, tokens.size(1))], 1)
-            torch.testing.assert_close(fed, expected[:, prompt:], rtol=1e-9, atol=1e-10)
+    assert_decodes_as_forward(rmt_model(mem_len=mem_len))
 
 
 # ---- the path users run ---------------------------------------------------------------------------------------------
