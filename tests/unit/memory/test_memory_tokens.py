@@ -163,15 +163,8 @@ def test_evaluation_with_another_memory_length_and_cached_keys_equals_the_refere
 def test_gradients_through_k_segments_equal_the_hand_unrolled_reference(mem_len):
     k = 3
     model = token_model(mem_len).train()
-    tokens = random_tokens(2, k * SEG + 1, seed=3)
+    tokens, ours = gradients_through_windows(model, k)
     x, y = tokens[:, :-1], tokens[:, 1:]
-    state, losses = None, []
-    for i in range(k):
-        out = model(x[:, i * SEG:(i + 1) * SEG], state, y[:, i * SEG:(i + 1) * SEG], detach_memory=i == k - 1)
-        state = out.mems
-        losses.append(out.loss)
-    torch.stack(losses).sum().backward()
-    ours = {name: p.grad.clone() for name, p in model.named_parameters()}
     assert ours["memory_tokens.values"].abs().sum() > 0
 
     model.zero_grad()
@@ -252,6 +245,20 @@ def test_a_document_that_begins_inside_a_segment_reads_nothing_before_it():
 @pytest.mark.parametrize("mem_len", [0, 7])
 def test_one_token_decoding_equals_the_forward_read_in_segments(mem_len):
     assert_decodes_as_forward(token_model(mem_len))
+
+
+def gradients_through_windows(model: TransformerXL, k: int) -> tuple[Tensor, dict[str, Tensor]]:
+    """Random tokens (2 rows, ``k`` segments of ``SEG`` and one) and the gradients of the ``k`` segments' summed
+    losses, the memory kept in the graph inside the window (detached after its last segment)."""
+    tokens = random_tokens(2, k * SEG + 1, seed=3)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    state, losses = None, []
+    for i in range(k):
+        out = model(x[:, i * SEG:(i + 1) * SEG], state, y[:, i * SEG:(i + 1) * SEG], detach_memory=i == k - 1)
+        state = out.mems
+        losses.append(out.loss)
+    torch.stack(losses).sum().backward()
+    return tokens, {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
 def assert_decodes_as_forward(model: TransformerXL) -> None:

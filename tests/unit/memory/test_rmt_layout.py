@@ -16,6 +16,7 @@ from tests.unit.memory.test_memory_tokens import (
     TINY,
     assert_decodes_as_forward,
     forward_logits,
+    gradients_through_windows,
     random_tokens,
     reference_layer,
 )
@@ -101,15 +102,8 @@ def test_the_written_memory_is_the_tokens_memory_through_the_final_norm():
 def test_gradients_through_k_segments_equal_the_reference():
     k = 3
     model = rmt_model().train()
-    tokens = random_tokens(2, k * SEG + 1, seed=3)
+    tokens, ours = gradients_through_windows(model, k)
     x, y = tokens[:, :-1], tokens[:, 1:]
-    state, losses = None, []
-    for i in range(k):
-        out = model(x[:, i * SEG:(i + 1) * SEG], state, y[:, i * SEG:(i + 1) * SEG], detach_memory=i == k - 1)
-        state = out.mems
-        losses.append(out.loss)
-    torch.stack(losses).sum().backward()
-    ours = {name: p.grad.clone() for name, p in model.named_parameters()}
     assert ours["memory_tokens.values"].abs().sum() > 0 and ours["final_norm.weight"].abs().sum() > 0
 
     model.zero_grad()
