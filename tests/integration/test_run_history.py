@@ -67,6 +67,19 @@ class KillBetweenCheckpoints(L.Callback):
             raise KeyError("killed")
 
 
+def killed_at_step_7(tmp_path: Path, corpus, common: tuple[str, ...], kill: type) -> Path:
+    """The run folder ``parts/run`` as a kill between ``step0000007.ckpt`` and ``last.ckpt`` leaves it (``kill``: the
+    callback that copies the folder then and stops the run)."""
+    run = tmp_path / "parts" / "run"
+    callback = [f"+callbacks.kill._target_={__name__}.{kill.__name__}", f"+callbacks.kill.folder={run}",
+                "+callbacks.kill.at=7"]
+    with pytest.raises(KeyError):
+        train.fit_and_test(compose_config(*tiny_overrides(tmp_path / "parts", corpus), *common, *callback))
+    shutil.rmtree(run)
+    (run.parent / "killed").rename(run)  # the folder as the kill left it
+    return run
+
+
 def test_a_kill_between_the_step_checkpoint_and_last_ckpt_loses_no_metric_row(tmp_path, corpus):
     common = ("logger=csv", "test=false", "trainer.limit_train_batches=5", "trainer.max_steps=12",
               "trainer.val_check_interval=3", "callbacks.model_checkpoint.monitor=null", "trainer.deterministic=true",
@@ -74,13 +87,7 @@ def test_a_kill_between_the_step_checkpoint_and_last_ckpt_loses_no_metric_row(tm
     train.fit_and_test(compose_config(*tiny_overrides(tmp_path / "whole", corpus), *common))
     whole = train_rows(tmp_path / "whole" / "run")
     assert {s for s, _ in whole} == set(range(12))
-    run = tmp_path / "parts" / "run"
-    kill = [f"+callbacks.kill._target_={__name__}.KillBetweenCheckpoints", f"+callbacks.kill.folder={run}",
-            "+callbacks.kill.at=7"]
-    with pytest.raises(KeyError):
-        train.fit_and_test(compose_config(*tiny_overrides(tmp_path / "parts", corpus), *common, *kill))
-    shutil.rmtree(run)
-    (run.parent / "killed").rename(run)  # the folder as the kill left it
+    run = killed_at_step_7(tmp_path, corpus, common, KillBetweenCheckpoints)
     assert torch.load(run / "checkpoints" / "step0000007.ckpt", weights_only=True)["global_step"] == 7
     assert not (run / "checkpoints" / "last.ckpt").exists()
     train.fit_and_test(compose_config(*tiny_overrides(tmp_path / "parts", corpus), *common, f"ckpt_path={run}"))
@@ -203,13 +210,7 @@ def test_a_kill_between_the_step_checkpoint_and_last_ckpt_loses_no_wandb_row(tmp
     common = ("logger=wandb", "test=false", "trainer.limit_train_batches=5", "trainer.max_steps=12",
               "trainer.val_check_interval=3", "callbacks.model_checkpoint.monitor=null", "trainer.deterministic=true",
               "callbacks.model_checkpoint.every_n_train_steps=7")
-    run = tmp_path / "parts" / "run"
-    kill = [f"+callbacks.kill._target_={__name__}.KillBetweenCheckpointsOfWandb", f"+callbacks.kill.folder={run}",
-            "+callbacks.kill.at=7"]
-    with pytest.raises(KeyError):
-        train.fit_and_test(compose_config(*tiny_overrides(tmp_path / "parts", corpus), *common, *kill))
-    shutil.rmtree(run)
-    (run.parent / "killed").rename(run)  # the folder as the kill left it
+    run = killed_at_step_7(tmp_path, corpus, common, KillBetweenCheckpointsOfWandb)
     killed = wandb_rows(run)
     assert [row["_step"] for row in killed] == list(range(7)), "W&B has every row it was given before the kill"
     assert "lr-AdamW/pg1" in killed[6] and "train/loss" not in killed[6], "step 6: the callbacks' values, no loss"
