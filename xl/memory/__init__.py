@@ -7,6 +7,7 @@
 - :mod:`xl.memory.compressive`: the compressive memory (Rae et al., 2019);
 - :mod:`xl.memory.tokens`: memory tokens over the cache (Bulatov et al., 2022);
 - :mod:`xl.memory.rmt`: memory tokens laid out as the Recurrent Memory Transformer's models;
+- :mod:`xl.memory.lmrmt`: memory tokens laid out as the models of the authors' LM-RMT code;
 - :mod:`xl.memory.store`: one memory per stage of a run, and its place in checkpoints.
 
 A variant is one module with its config dataclass and its :class:`~xl.memory.base.Memory`, and one YAML file that

@@ -35,10 +35,13 @@ def rel_shift(scores: Tensor) -> Tensor:
     ``scores[..., i, k]`` is query i against the relative embedding of distance ``K-1-k`` (embeddings
     ordered from the farthest distance to 0). Query i sits at key position ``K-L+i``, so key j is at
     distance ``K-L+i-j``, found at ``k = j + L-1-i``: row i moves left by ``L-1-i``, which is the same
-    storage read with a row step one less than the rows' stride. Entries with ``j > K-L+i`` (the future)
-    read on into the row's padding or the next row, and must be masked. Rows may be longer than K (the
-    last dim must be contiguous); with at least one spare element per row, no two entries of the view
-    share an element, so it can be written through (:func:`shifted_grad`).
+    storage read with a row step one less than the rows' stride. Entries with ``j > K-L+i`` (keys after the
+    query) read on into the row's padding and then the next row. Rows may be longer than K (the last dim must
+    be contiguous); with at least one spare element per row, no two entries of the view share an element, so
+    it can be written through (:func:`shifted_grad`). The attention's rows have one spare element, 0: a key
+    after the query then gets 0 for the next key and, beyond it, the next query's score of distance
+    ``K+M+i-j+1`` (M = K-L), what the padded shift of Transformer-XL's code (``_rel_shift``) gives, and what a
+    layout that shows a query later keys (memory=lmrmt) reproduces; the causal mask hides them otherwise.
     """
     *lead, q_len, k_len = scores.shape
     *lead_stride, row, col = scores.stride()
@@ -183,9 +186,12 @@ class RelMultiHeadAttention(nn.Module):
         K = k.size(2)
         q = self.q_net(x).view(B, L, H, D)
         # Batching over heads with the B·L queries as rows shares r across the batch.
-        r = self.project_positions(pos_emb)  # [H, D, K]
+        # A zero column after distance 0 (r_net has no bias: the score of a zero embedding), so that the shift reads
+        # 0 and then the next row for the keys after a query, as Transformer-XL's padded shift does (rel_shift).
+        r = F.pad(self.project_positions(pos_emb), (0, 1))  # [H, D, K + 1]
         qv = (q + self.r_r_bias).view(B * L, H, D).transpose(0, 1)  # [H, B·L, D], a view
-        pos_scores = torch.bmm(qv, r).view(H, B, L, K).transpose(0, 1)  # [B, H, L, K], shifted inside
+        # [B, H, L, K], rows of K + 1: shifted inside
+        pos_scores = torch.bmm(qv, r).view(H, B, L, K + 1).transpose(0, 1)[..., :K]
         q_w, dropatt = (q + self.r_w_bias).transpose(1, 2), self.dropatt if self.training else 0.0
         if pos_scores.requires_grad and h.device.type == "cpu":
             drop = keep_mask(pos_scores.shape[:-1] + (K,), dropatt, pos_scores.dtype, h.device) if dropatt else None

@@ -10,6 +10,7 @@ import logging
 import lightning as L
 import pytest
 import torch
+import yaml
 from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
 
@@ -24,7 +25,7 @@ from xl.config.rules import check_memory
 from xl.config.schema import SCHEMAS, FilesDataSchema, ModelSchema
 from xl.data import SegmentDataModule
 from xl.data.tokenizers import TOKENIZERS
-from xl.memory.settings import MemorySettings, config_class, variant_config
+from xl.memory.settings import DEFAULT_TARGET, MemorySettings, config_class, variant_config
 from xl.model.config import XLConfig
 from xl.model.transformer import count_parameters
 from xl.training.build import ConfigError, build_callbacks, build_loggers, check_device, model_config
@@ -63,32 +64,35 @@ def test_model_options(option):
     assert count_parameters(config) == closed_form_parameters(config) - config.vocab_size == params
 
 
-MEMORY = {  # mem_len, eval_mem_len, clamp_len, eval_clamp_len, same_length, eval_same_length
-    "none": (0, 0, -1, None, False, None),
-    "short": (64, None, -1, None, False, None),
-    "default": (128, None, -1, None, False, None),
-    "long": (256, 1024, -1, None, False, True),
-    "compressive": (64, None, -1, None, False, None),
-    "tokens": (128, None, -1, None, False, None),  # 4 memory tokens on top of memory=default's cache
-    "rmt": (0, None, -1, None, False, None),  # 4 memory tokens laid out as RMT's models: no cache
-    "knn": (128, None, -1, None, False, None),  # a retrieval store on top of memory=default's cache
-    "babilong": (192, None, -1, None, False, None),  # experiment=babilong's cache
-}
+def memory_file(option: str) -> dict:
+    """conf/memory/OPTION.yaml's own values (its defaults list left out)."""
+    values = yaml.safe_load((CONF_DIR / "memory" / f"{option}.yaml").read_text())
+    assert values["defaults"] == ["/memory_schema@_here_"], f"memory/{option}.yaml extends the schema alone"
+    return {key: value for key, value in values.items() if key != "defaults"}
 
 
 @pytest.mark.parametrize("option", options("memory"))
 def test_memory_options(option):
-    m = compose_config(f"memory={option}").memory
-    values = (m.mem_len, m.eval_mem_len, m.clamp_len, m.eval_clamp_len, m.same_length, m.eval_same_length)
-    assert values == MEMORY[option]
-    assert m.mem_dtype == "float32"
-    # Each option names its variant; only the compressive one keeps compressed slots: as many as its memory.
-    variant = variant_config(m, compose_config(f"memory={option}"))
-    named = {"compressive": "compressive", "tokens": "tokens", "rmt": "rmt", "knn": "knn"}
-    assert variant.name == named.get(option, "cache")
-    if option == "compressive":
-        assert (variant.cmem_len, variant.cmem_rate, variant.cmem_fn) == (64, 2, "conv")
-    check_memory(compose_config(f"memory={option}"))
+    """Each conf/memory file composes to its own values over the shared settings' defaults, names a variant's config
+    class (the cache's by default) and passes the variant's rules: a new memory adds a file, not a row here."""
+    cfg = compose_config(f"memory={option}")
+    own = memory_file(option)
+    shared = MemorySettings()
+    for f in dataclasses.fields(MemorySettings):
+        assert cfg.memory[f.name] == own.get(f.name, getattr(shared, f.name)), f"memory/{option}.yaml: {f.name}"
+    assert cfg.memory.mem_dtype == "float32"
+    variant = variant_config(cfg.memory, cfg)
+    assert type(variant) is config_class(own.get("_target_", DEFAULT_TARGET))
+    for f in variant.user_fields():
+        assert getattr(variant, f.name) == own.get(f.name, f.default), f"memory/{option}.yaml: {f.name}"
+    check_memory(cfg)
+
+
+def test_the_cache_options_keep_their_contexts():
+    """The cache's own options: none, 64 and 192 positions, and 256 with a longer, same-length evaluation window."""
+    m = {option: compose_config(f"memory={option}").memory for option in ("none", "short", "long", "babilong")}
+    assert (m["none"].mem_len, m["none"].eval_mem_len, m["short"].mem_len, m["babilong"].mem_len) == (0, 0, 64, 192)
+    assert (m["long"].mem_len, m["long"].eval_mem_len, m["long"].eval_same_length) == (256, 1024, True)
 
 
 def test_the_main_job_keeps_four_segments_of_memory():
