@@ -26,7 +26,7 @@ time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -48,7 +48,15 @@ NO_DOCUMENTS = "memory=lmrmt reads one endless text per row, as LM-RMT; set memo
 class LMRMTConfig(TokensConfig):
     """``memory=lmrmt``: memory tokens with LM-RMT's blocks of full attention, cache and initial memory."""
 
+    #: Whether a token sees only its own document: refused, LM-RMT reads one endless text per row.
+    doc_boundaries: str = field(default="ignore", metadata={"from": "memory.doc_boundaries"})
+
     name = "lmrmt"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.doc_boundaries == "reset":
+            raise ValueError(NO_DOCUMENTS)
 
     def memory(self, config: XLConfig) -> LMRMTMemory:
         return LMRMTMemory(config)

@@ -200,6 +200,14 @@ def test_documents_are_refused_in_one_sentence():
     assert len(str(err.value)) < 200 and "\n" not in str(err.value)
 
 
+def test_doc_boundaries_reset_is_refused_before_any_work(tmp_path, corpus):
+    from xl.training.build import ConfigError
+
+    with pytest.raises(ConfigError, match="^memory=lmrmt reads one endless text per row, as LM-RMT; set "
+                                          "memory.doc_boundaries=ignore$"):
+        build_run(compose_config(*tiny_overrides(tmp_path, corpus), "memory=lmrmt", "memory.doc_boundaries=reset"))
+
+
 # ---- the path users run ---------------------------------------------------------------------------------------------
 LMRMT = ("memory=lmrmt", "memory.mem_len=8", "memory.num_tokens=2")
 
