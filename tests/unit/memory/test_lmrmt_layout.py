@@ -146,6 +146,20 @@ def test_forward_equals_the_reference_written_from_lmrmts_code(extra):
     torch.testing.assert_close(ours, reference, rtol=1e-9, atol=1e-10)
 
 
+def test_evaluation_with_carried_keys_and_values_equals_the_forward():
+    """cache_kv (evaluation's path): the keys and values of the cache of read, text and write states, carried from
+    segment to segment, give the logits of the forward that projects the cache again."""
+    model = lmrmt_model(mem_len=7)
+    tokens = random_tokens(2, 4 * SEG)
+    with torch.no_grad():
+        expected = forward_logits(model, tokens, SEG)
+        state = kv = None
+        for s in range(0, tokens.size(1), SEG):
+            out = model(tokens[:, s:s + SEG], state, cache_kv=True, kv=kv)
+            state, kv = out.mems, out.kv
+            torch.testing.assert_close(out.logits, expected[:, s:s + SEG], rtol=1e-9, atol=1e-10)
+
+
 def test_the_initial_memory_is_one_standard_normal_vector_repeated():
     torch.manual_seed(0)
     values = TransformerXL(XLConfig(**TINY, mem_len=4, memory=LMRMTConfig(num_tokens=3, seg_len=SEG))
