@@ -15,12 +15,12 @@ from torch import Tensor
 
 from xl.data.sources import decode
 from xl.data.tokenizers import Tokenizer, WordTokenizer
-from xl.memory import settings
+from xl.model import memory_settings as settings
 from xl.model.transformer import TransformerXL
 from xl.training.build import ConfigError, build_datamodule
-from xl.training.checkpoint import Checkpoint
-from xl.training.console import errors_logged, quiet_warnings
+from xl.training.checkpoints.checkpoint import Checkpoint
 from xl.training.runs import use_run_data
+from xl.training.services.console import errors_logged, quiet_warnings
 
 
 def sample(logits: Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator) -> Tensor:

@@ -5,7 +5,7 @@ samples (:mod:`xl.babilong.baselines`). The heatmap is :mod:`xl.babilong.heatmap
 :class:`BabilongSummary` (a Hydra callback) gathers the jobs' ``results.json`` into ``summary.csv``, ``summary.md``
 (one row per job, one column per task and length, and the mean over tasks per length, then the rules' rows) and
 ``summary.png`` (the jobs' heatmaps side by side), and logs them to W&B, as a training sweep's summary is
-(:mod:`xl.training.sweep`).
+(:mod:`xl.training.services.sweep`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from omegaconf.errors import OmegaConfBaseException
 from xl.babilong.baselines import RULES
 from xl.babilong.heatmap import draw_heatmaps
 from xl.data.babilong.lengths import length_name
-from xl.memory import settings
-from xl.memory.settings import describe
+from xl.model import memory_settings as settings
+from xl.model.memory_settings import describe
 from xl.training.build import run_identity
-from xl.training.callbacks import write_json
-from xl.training.console import quiet_wandb
-from xl.training.sweep import RESULTS_FILE, collect
+from xl.training.services.callbacks import write_json
+from xl.training.services.console import quiet_wandb
+from xl.training.services.sweep import RESULTS_FILE, collect
 
 log = logging.getLogger(__name__)
 HEATMAP = "heatmap.png"

@@ -29,7 +29,7 @@ from xl.config.compose_errors import describe_error
 from xl.config.help import help_overrides, job_name, render_help
 from xl.config.rules import ConfigError, check_bounds
 from xl.config.schema import register
-from xl.memory import settings
+from xl.model import memory_settings as settings
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -61,7 +61,8 @@ def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> Di
 
 
 def type_memory(cfg: DictConfig) -> None:
-    """Type a training config's ``memory`` node by its variant (:func:`xl.memory.settings.typed`), or refuse a key or
+    """Type a training config's ``memory`` node by its variant (:func:`xl.model.memory_settings.typed`), or refuse a key
+    or
     value of the wrong kind in one sentence."""
     if "memory" in cfg and "_target_" in cfg.memory:
         try:
@@ -118,7 +119,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     setting refused before torch is imported is reported without importing it."""
     from xl.data import DataError
 
-    checkpoint = sys.modules.get("xl.training.checkpoint")
+    checkpoint = sys.modules.get("xl.training.checkpoints.checkpoint")
     return (ConfigError, DataError) + ((checkpoint.CheckpointError,) if checkpoint is not None else ())
 
 

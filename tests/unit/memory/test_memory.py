@@ -86,7 +86,7 @@ def test_pack_and_unpack_give_each_rank_its_own_rows():
 def test_a_memory_kept_in_the_graph_is_refused_where_no_gradient_can_cross(target, mem_len, says):
     """detach_memory=False asks the next segment's gradient to reach this one: the memory's rule for windows of two
     segments answers, in its own sentence, before any work."""
-    from xl.memory import settings
+    from xl.model import memory_settings as settings
     from xl.model.config import XLConfig
     from xl.model.transformer import TransformerXL
 

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from xl.memory import settings
+from xl.model import memory_settings as settings
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.run_files import find_run_folder
-from xl.training.torch_errors import load_failure
+from xl.training.checkpoints.run_files import find_run_folder
+from xl.training.checkpoints.torch_errors import load_failure
 
 log = logging.getLogger(__name__)
 XL_KEY = "xl"  # where this project's part of a checkpoint lives
