@@ -23,7 +23,7 @@ from xl.config.compose import command_line_keys
 from xl.config.rules import check_evaluate_config
 from xl.config.schema import EvalContextSchema
 from xl.memory.store import packed_size
-from xl.model import memory_settings as settings
+from xl.model import memory_settings
 from xl.model.adaptive import widen
 from xl.model.documents import MODES, Documents, DocumentStats, split_batch, summary, target_bytes
 from xl.model.transformer import TransformerXL
@@ -209,7 +209,7 @@ def eval_model_config(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]
     if not given:
         return model
     try:
-        memory = settings.for_evaluation(settings.from_dict(model.get("memory")), given)
+        memory = memory_settings.for_evaluation(memory_settings.from_dict(model.get("memory")), given)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return {**model, "memory": memory.to_dict()}

@@ -161,7 +161,7 @@ def scored_memory(cfg: Any, scored_cfg: Any) -> Any:
     settings (another store size: :func:`xl.model.memory_settings.for_evaluation`); ConfigError in one sentence for an
     override that would change the trained run (anything but the episodes, ``data.source.*``, and those settings)."""
     from xl.config.rules import ConfigError
-    from xl.model import memory_settings as settings
+    from xl.model import memory_settings
 
     before, after = flat(cfg), flat(scored_cfg)
     changed = {k: v for k, v in after.items() if before.get(k) != v}
@@ -171,7 +171,7 @@ def scored_memory(cfg: Any, scored_cfg: Any) -> Any:
                           "episodes (data.source.*) and the memory's evaluation settings only")
     given = {k.removeprefix("memory."): v for k, v in changed.items() if k.startswith("memory.")}
     try:
-        return settings.for_evaluation(settings.variant_config(cfg.memory, cfg), given)
+        return memory_settings.for_evaluation(memory_settings.variant_config(cfg.memory, cfg), given)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

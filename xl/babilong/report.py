@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from xl.babilong.baselines import RULES
 from xl.babilong.heatmap import draw_heatmaps
 from xl.data.babilong.lengths import length_name
-from xl.model import memory_settings as settings
+from xl.model import memory_settings
 from xl.model.memory_settings import describe
 from xl.training.build import run_identity
 from xl.training.services.callbacks import write_json
@@ -87,7 +87,7 @@ def record(cfg: DictConfig, run: Any, context: dict[str, Any], decoding: str, ba
     return {
         "ckpt": str(run.checkpoint.path.resolve()), "step": run.checkpoint.global_step,
         "run": str(run.folder.resolve()) if run.folder else None, "mem_len": model["mem_len"],
-        "memory": describe(settings.from_dict(model.get("memory"))), "window": context["window"],
+        "memory": describe(memory_settings.from_dict(model.get("memory"))), "window": context["window"],
         "clamp_len": context["clamp_len"], "same_length": context["same_length"], "decoding": decoding,
         "background": background, "samples": cfg.samples, "seed": cfg.seed, "tasks": tasks, "lengths": lengths,
         "complete": complete, "identity": identity, "accuracy": accuracy, "mean": mean, "baselines": baselines,

@@ -29,7 +29,7 @@ from xl.config.compose_errors import describe_error
 from xl.config.help import help_overrides, job_name, render_help
 from xl.config.rules import ConfigError, check_bounds
 from xl.config.schema import register
-from xl.model import memory_settings as settings
+from xl.model import memory_settings
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -67,7 +67,7 @@ def type_memory(cfg: DictConfig) -> None:
     if "memory" in cfg and "_target_" in cfg.memory:
         try:
             with open_dict(cfg):
-                cfg.memory = settings.typed(cfg.memory)
+                cfg.memory = memory_settings.typed(cfg.memory)
         except ValueError as err:
             raise ConfigError(str(err)) from None
 
@@ -85,7 +85,7 @@ def warn_memory_under_experiment(overrides: list[str] | tuple[str, ...]) -> None
     with open_dict(own):
         own.pop("defaults", None)
     try:
-        own = settings.typed(own)
+        own = memory_settings.typed(own)
     except ValueError:
         return
     values = OmegaConf.load(path).get("memory") or {}

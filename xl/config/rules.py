@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.schedule import check_schedule
 from xl.data.tokenizers import make_tokenizer
-from xl.model import memory_settings as settings
+from xl.model import memory_settings
 from xl.model.config import check_model
 from xl.model.memory_settings import check_grad_segments
 from xl.settings.bounds import schema_bounds, shown
@@ -187,7 +187,7 @@ def check_memory(cfg: DictConfig) -> None:
                                                           "memory.eval_mem_len")}
     try:
         check_grad_segments(memory.grad_segments)
-        variant = settings.variant_config(memory, cfg)
+        variant = memory_settings.variant_config(memory, cfg)
         variant.check_context(memory.same_length or bool(eval_same))
         variant.check_window(memory.grad_segments, memory.mem_len)
         variant.check_lengths({key: length for key, length in lengths.items() if length is not None})
@@ -204,15 +204,15 @@ def model_values(cfg: DictConfig, vocab_size: int, fitted_cutoffs: list[int] | N
     memory = cfg.memory
     return {**model, "vocab_size": vocab_size, "mem_len": memory.mem_len, "clamp_len": memory.clamp_len,
             "same_length": memory.same_length, "mem_dtype": memory.mem_dtype,
-            "memory": settings.variant_config(memory, cfg).to_dict()}
+            "memory": memory_settings.variant_config(memory, cfg).to_dict()}
 
 
 def check_model_settings(values: Mapping[str, Any], fitted: bool = False) -> None:
     """:func:`check_model` on a composed config's values, naming the keys as the user writes them; ``fitted``: the
     cutoffs are the data's, not known yet."""
     try:
-        check_model(SimpleNamespace(**{**values, "memory": settings.from_dict(values.get("memory"))}), key=config_key,
-                    fitted=fitted)
+        memory = memory_settings.from_dict(values.get("memory"))
+        check_model(SimpleNamespace(**{**values, "memory": memory}), key=config_key, fitted=fitted)
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err)) from None
 
@@ -232,7 +232,7 @@ def check_config(cfg: DictConfig, shape: bool = True, trainer: bool = True) -> N
     rest before importing torch."""
     try:
         with open_dict(cfg):
-            cfg.memory = settings.typed(cfg.memory)  # (done already where xl.config.compose composed it)
+            cfg.memory = memory_settings.typed(cfg.memory)  # (done already where xl.config.compose composed it)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     check_added_keys(cfg)
@@ -254,7 +254,7 @@ def check_evaluate_config(cfg: DictConfig, model: Mapping[str, Any] | None = Non
     check_bounds(cfg)
     if cfg.per_document and cfg.vanilla:
         raise ConfigError("per_document=true reports the cached evaluation; set vanilla=false")
-    variant = settings.from_dict(model.get("memory")) if model is not None else None
+    variant = memory_settings.from_dict(model.get("memory")) if model is not None else None
     if variant is not None and cfg.vanilla and not variant.reads_afresh:
         raise ConfigError(f"vanilla=true reads each window afresh, but this model's {variant.name} memory is written "
                           "segment by segment; set vanilla=false")

@@ -1,8 +1,13 @@
-"""The recurrent memories: one interface, one module per variant, and the store that keeps a run's memory.
+"""The recurrent memories: one module per variant, and the store that keeps a run's memory.
+
+The interface they implement is the model's, which calls it (this package imports the model, never the reverse):
 
 - :mod:`xl.model.memory`: what a memory provides to the forward pass and the decoder (:class:`~xl.model.memory.Memory`);
 - :mod:`xl.model.memory_settings`: the settings every memory shares, and the base of each variant's own
-  (:class:`~xl.model.memory_settings.MemoryConfig`, named by ``_target_`` in ``conf/memory/*.yaml``);
+  (:class:`~xl.model.memory_settings.MemoryConfig`, named by ``_target_`` in ``conf/memory/*.yaml``).
+
+The variants and what they share:
+
 - :mod:`xl.memory.cache`: the Transformer-XL memory;
 - :mod:`xl.memory.compressive`: the compressive memory (Rae et al., 2019);
 - :mod:`xl.memory.tokens`: memory tokens over the cache (Bulatov et al., 2022);

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from xl.model import memory_settings as settings
+from xl.model import memory_settings
 from xl.model.memory_settings import MEM_DTYPE_NAMES, MemoryConfig
 from xl.settings.bounds import is_int
 
@@ -51,14 +51,14 @@ class XLConfig:
     mem_dtype: str = "float32"
     # The memory variant and its own settings (xl.model.memory_settings): the plain cache by default. A mapping (a
     # checkpoint's record, with its _target_) is read into the variant's config.
-    memory: MemoryConfig = field(default_factory=lambda: settings.from_dict(None))
+    memory: MemoryConfig = field(default_factory=lambda: memory_settings.from_dict(None))
 
     def __post_init__(self) -> None:
         self.cutoffs = tuple(self.cutoffs)
         if isinstance(self.tie_projs, (list, tuple)):
             self.tie_projs = tuple(self.tie_projs)
         if not isinstance(self.memory, MemoryConfig):
-            self.memory = settings.from_dict(self.memory)
+            self.memory = memory_settings.from_dict(self.memory)
         check_model(self)
 
     def memory_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:

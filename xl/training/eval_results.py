@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from xl.device.footprint import memory_bytes
-from xl.model import memory_settings as settings
+from xl.model import memory_settings
 from xl.model.documents import bucket_names
 from xl.training.build import build, run_identity
 from xl.training.runs import recorded_wandb_id, run_setting
@@ -91,7 +91,7 @@ def record(module: Any, datamodule: Any, results: dict[str, dict[str, float]], c
     values: dict[str, Any] = {
         "ckpt": checkpoint["path"], "step": checkpoint["step"], "run": checkpoint["run"], "corpus": corpus,
         "run_data": run_data, "complete": complete, "mem_len": cfg.mem_len, "eval_mem_len": c["mem_len"],
-        "clamp_len": c["clamp_len"], "same_length": c["same_length"], "memory": settings.describe(cfg.memory),
+        "clamp_len": c["clamp_len"], "same_length": c["same_length"], "memory": memory_settings.describe(cfg.memory),
         "doc_boundaries": module.doc_boundaries, "scored": getattr(datamodule, "scored", "every token"),
         "warmup": module.warmup, "vanilla": module.attn_len is not None,
         "attn_len": module.attn_len, "tgt_len": datamodule.eval_tgt_len, "batch_size": datamodule.eval_batch_size,
