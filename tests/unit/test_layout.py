@@ -30,16 +30,16 @@ def layers() -> list[str]:
     return re.findall(r"^\d+\. `(xl[\w.]*)`", text.split("## Layers", 1)[1].split("\n## ", 1)[0], re.M)
 
 
-def module_name(path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path, root=ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path) -> list[tuple[int, str]]:
+def imports(path, root=ROOT) -> list[tuple[int, str]]:
     """Each ``import`` of ``xl`` in the file (function-level and ``TYPE_CHECKING`` ones included), relative ones
     resolved: (line, module imported). ``from package import name`` imports module ``package.name`` where that is a
     module, else ``package``."""
-    module = module_name(path)
+    module = module_name(path, root)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -52,7 +52,7 @@ def imports(path) -> list[tuple[int, str]]:
                 base = ".".join(parent + ([node.module] if node.module else []))
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
-                path_of = ROOT / sub.replace(".", "/")
+                path_of = root / sub.replace(".", "/")
                 is_module = path_of.with_suffix(".py").exists() or (path_of / "__init__.py").exists()
                 found.append((node.lineno, sub if is_module else base))
     return sorted({(line, name) for line, name in found if name == "xl" or name.startswith("xl.")})
@@ -69,6 +69,26 @@ def test_layers_list_real_packages():
     assert order[-1] == "xl" and len(set(order)) == len(order)
     for package in order:
         assert (ROOT / package.replace(".", "/") / "__init__.py").exists(), f"docs/layout.md lists {package}"
+
+
+def test_every_kind_of_import_is_seen(tmp_path):
+    """Module-level, function-level, ``TYPE_CHECKING``, relative and ``from package import module`` imports."""
+    for name in ("xl/__init__.py", "xl/low/__init__.py", "xl/high/__init__.py", "xl/high/b.py", "xl/high/c.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    source = tmp_path / "xl" / "low" / "a.py"
+    source.write_text("from typing import TYPE_CHECKING\n"
+                      "import xl.high.b\n"
+                      "if TYPE_CHECKING:\n"
+                      "    from xl.high.b import Thing\n"
+                      "def f():\n"
+                      "    from ..high import c\n"
+                      "    from . import helper\n"
+                      "    import os\n")
+    assert imports(source, tmp_path) == [(2, "xl.high.b"), (4, "xl.high.b"), (6, "xl.high.c"), (7, "xl.low")]
+    order = ["xl.low", "xl.high", "xl"]
+    assert [layer_of(name, order) for _, name in imports(source, tmp_path)] == [1, 1, 1, 0]
+    assert layer_of("xl.train", order) == 2 and layer_of(module_name(source, tmp_path), order) == 0
 
 
 def test_packages_import_downward_only():
