@@ -5,8 +5,8 @@ and say where everything went. ``-m`` sweeps, e.g. ``python train.py -m memory.m
 
 ``python train.py ckpt_path=RUN [key=value ...]`` continues the run in the folder RUN: its own settings (read from
 ``RUN/.hydra/overrides.yaml``) with the new ones on top, written into RUN, logged into the same W&B run.
-``trainer.max_steps`` counts the run's steps in all, not steps added by the resume; a resume may change only what
-it would use (xl.training.runs.RESUMABLE), and one whose training is complete but whose test is not runs the test. A
+``trainer.max_steps`` counts the run's steps in all, not steps added by the resume; a resume may change only what it
+would use (xl.training.runs.RESUMABLE), and one whose training is complete but whose test is not runs the test. A
 requeued SLURM job, which runs the same command into the same folder, continues from the folder's newest complete
 checkpoint. A stop before the end (a signal, a full disk, non-finite steps) ends in one sentence
 (xl/training/services/stops.py).

@@ -1,6 +1,5 @@
 """What an offline W&B run folder would upload, read once W&B has finished writing it (xl.training.services.wandb_log
-reads
-the ``.wandb`` transaction logs)."""
+reads the ``.wandb`` transaction logs)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Beside the model's accuracy each of them holds the rules that need no memory of the asked entity, scored on the same
 samples (:mod:`xl.babilong.baselines`). The heatmap is :mod:`xl.babilong.heatmap`'s. Under ``-m``
-:class:`BabilongSummary` (a Hydra callback) gathers the jobs' ``results.json`` into ``summary.csv``, ``summary.md``
-(one row per job, one column per task and length, and the mean over tasks per length, then the rules' rows) and
+:class:`BabilongSummary` (a Hydra callback) gathers the jobs' ``results.json`` into ``summary.csv``, ``summary.md`` (one
+row per job, one column per task and length, and the mean over tasks per length, then the rules' rows) and
 ``summary.png`` (the jobs' heatmaps side by side), and logs them to W&B, as a training sweep's summary is
 (:mod:`xl.training.services.sweep`).
 """

@@ -81,9 +81,8 @@ def stop_sentence(signum: int, progress: Progress) -> str:
 
 class SignalStop:
     """While entered: the stopping signals raise :class:`~xl.training.services.signals.Stopped` (or, inside
-    :meth:`held`, when
-    it ends); on leaving, the handlers before are back. A :class:`Stopped` that leaves the block ends the command
-    with :func:`stop_sentence` and exit status 128 + the signal's number
+    :meth:`held`, when it ends); on leaving, the handlers before are back. A :class:`Stopped` that leaves the block ends
+    the command with :func:`stop_sentence` and exit status 128 + the signal's number
     (:func:`xl.training.services.signals.end_stopped`)."""
 
     def __init__(self, progress: Progress) -> None:

@@ -1,11 +1,10 @@
 """Training throughput, peak memory and model FLOPs utilisation on an accelerator: ``python -m xl.bench.gpu``.
 
 Runs the training step as :class:`xl.training.loop.module.XLLitModule` does (:class:`xl.bench.runner.SegmentRunner`:
-forward
-with the memory carried, backward, gradient clipping, AdamW) for one of the paper's experiment configs or
-config S, in bf16 autocast by default, optionally under ``torch.compile``. Model FLOPs are counted exactly for
-the shapes run (see :func:`model_flops`; a test checks the count against ``torch.utils.flop_counter``), and MFU
-divides the achieved FLOP rate by the device's dense bf16 peak (a small table, or ``--peak-tflops``).
+forward with the memory carried, backward, gradient clipping, AdamW) for one of the paper's experiment configs or config
+S, in bf16 autocast by default, optionally under ``torch.compile``. Model FLOPs are counted exactly for the shapes run
+(see :func:`model_flops`; a test checks the count against ``torch.utils.flop_counter``), and MFU divides the achieved
+FLOP rate by the device's dense bf16 peak (a small table, or ``--peak-tflops``).
 """
 
 from __future__ import annotations

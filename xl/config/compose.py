@@ -62,8 +62,7 @@ def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> Di
 
 def type_memory(cfg: DictConfig) -> None:
     """Type a training config's ``memory`` node by its variant (:func:`xl.model.memory_settings.typed`), or refuse a key
-    or
-    value of the wrong kind in one sentence."""
+    or value of the wrong kind in one sentence."""
     if "memory" in cfg and "_target_" in cfg.memory:
         try:
             with open_dict(cfg):

@@ -208,8 +208,8 @@ def model_values(cfg: DictConfig, vocab_size: int, fitted_cutoffs: list[int] | N
 
 
 def check_model_settings(values: Mapping[str, Any], fitted: bool = False) -> None:
-    """:func:`check_model` on a composed config's values, naming the keys as the user writes them; ``fitted``: the
-    cutoffs are the data's, not known yet."""
+    """:func:`xl.model.config.check_model` on a composed config's values, naming the keys as the user writes them;
+    ``fitted``: the cutoffs are the data's, not known yet."""
     try:
         memory = memory_settings.from_dict(values.get("memory"))
         check_model(SimpleNamespace(**{**values, "memory": memory}), key=config_key, fitted=fitted)

@@ -5,8 +5,7 @@ Every group of ``conf/`` is checked against a dataclass below (those of the call
 name it first in their defaults list, as ``/<group>_schema@_here_``), and the three primary configs against
 ``train_schema``, ``evaluate_schema`` and ``generate_schema``. The type stops a misspelt key or a value of the wrong
 type at composition; the bound beside it (:func:`xl.settings.bounds.setting`) is checked by :mod:`xl.config.rules`
-before
-any work. :mod:`xl.config.reference` prints the tables of ``docs/configuration.md`` from these fields.
+before any work. :mod:`xl.config.reference` prints the tables of ``docs/configuration.md`` from these fields.
 
 Importing ``xl`` registers the schemas, so composing ``conf/`` by hand (``hydra.compose``) finds them too.
 """

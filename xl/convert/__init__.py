@@ -3,10 +3,9 @@
 ``python -m xl.convert SRC OUT``: SRC is a local folder holding ``config.json``, ``model.safetensors`` or
 ``pytorch_model.bin`` and ``vocab.pkl`` or ``vocab.bin``, or a hub id (``transfo-xl/transfo-xl-wt103``) fetched with
 ``huggingface_hub`` where a network exists; or a folder or hub id that xl.export (or
-:meth:`xl.hub.PretrainedXL.save_pretrained`) wrote, read by :meth:`xl.hub.PretrainedXL.from_pretrained`. OUT becomes
-a run folder (:mod:`xl.training.checkpoints.run_folder`) that ``xl.evaluate``, ``xl.generate``, ``train.py init_from=…``
-and
-:class:`xl.training.checkpoints.checkpoint.Checkpoint` read like one of ours::
+:meth:`xl.hub.PretrainedXL.save_pretrained`) wrote, read by :meth:`xl.hub.PretrainedXL.from_pretrained`. OUT becomes a
+run folder (:mod:`xl.training.checkpoints.run_folder`) that ``xl.evaluate``, ``xl.generate``, ``train.py init_from=…``
+and :class:`xl.training.checkpoints.checkpoint.Checkpoint` read like one of ours::
 
     OUT/checkpoints/last.ckpt   the model config, the weights, the vocabulary's fingerprint and text, provenance
     OUT/vocab.json              the word vocabulary (data.tokenizer=word data.tokenizer_file=OUT/vocab.json)

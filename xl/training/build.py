@@ -208,10 +208,9 @@ def build_callbacks(cfg: DictConfig, with_logger: bool = True) -> list[Any]:
 
 def make_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None, **kwargs: Any) -> L.Trainer:
     """The trainer group's Trainer (``kwargs``: its loggers and callbacks), quiet (xl/training/services/console.py) and
-    writing
-    its checkpoints with :class:`xl.training.checkpoints.checkpoint_io.AtomicCheckpointIO` (``preloaded``: a checkpoint
-    already
-    read, which Lightning is handed instead of reading it again): every entry point builds its Trainer here."""
+    writing its checkpoints with :class:`xl.training.checkpoints.checkpoint_io.AtomicCheckpointIO` (``preloaded``: a
+    checkpoint already read, which Lightning is handed instead of reading it again): every entry point builds its
+    Trainer here."""
     quiet = {k: v for k, v in TRAINER_DEFAULTS.items() if k not in cfg.trainer}
     plugins = [build(p, "trainer.plugins") for p in cfg.trainer.get("plugins") or []]
     if not any(isinstance(p, CheckpointIO) for p in plugins):

@@ -1,10 +1,9 @@
 """What ``python -m xl.evaluate`` reports: the printed table, ``results.json`` in its output folder, and W&B.
 
-``results.json`` holds the checkpoint and its run, the corpus scored, the evaluation context and every metric, in
-the form a training job's ``results.json`` has (:mod:`xl.training.services.sweep` gathers both): an ``-m`` sweep over
-evaluation
-settings ends with the same summary table and plot as a training sweep. W&B: into the evaluated run's own W&B run
-when its folder records the id (resumed offline; metrics under ``evaluate/``, at the checkpoint's step, and one
+``results.json`` holds the checkpoint and its run, the corpus scored, the evaluation context and every metric, in the
+form a training job's ``results.json`` has (:mod:`xl.training.services.sweep` gathers both): an ``-m`` sweep over
+evaluation settings ends with the same summary table and plot as a training sweep. W&B: into the evaluated run's own W&B
+run when its folder records the id (resumed offline; metrics under ``evaluate/``, at the checkpoint's step, and one
 table row of context and metrics), else into a new run of job type ``evaluate``.
 
 ``results.json`` is written again as each split finishes, with ``"complete": false`` until the last one: an

@@ -45,9 +45,8 @@ class ClaimRunFolder(CheckOutputDir):
     """``python train.py``: a run folder holds one run, written by one launch at a time.
 
     Before Hydra writes into the folder, the launch's rank 0 locks it (:mod:`xl.training.checkpoints.run_lock`; a second
-    process
-    is refused) and refuses a new run into a folder that holds another run's checkpoints: a resume or a requeue of
-    that run continues it, and ``overwrite=true`` empties the folder first. Under ``-m`` the same holds for the sweep
+    process is refused) and refuses a new run into a folder that holds another run's checkpoints: a resume or a requeue
+    of that run continues it, and ``overwrite=true`` empties the folder first. Under ``-m`` the same holds for the sweep
     folder: the jobs' folders of an earlier sweep are refused, or removed with ``overwrite=true``. The lock is given
     back when the command ends (``xl.train.main``) or its process dies.
     """

@@ -1,6 +1,5 @@
 """xl.training.services.signals: a signal inside the block is an exception naming it, with the exit status a shell gives
-a
-process that the signal ended; the handlers of before come back."""
+a process that the signal ended; the handlers of before come back."""
 
 from __future__ import annotations
 

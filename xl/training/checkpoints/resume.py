@@ -4,8 +4,7 @@
 :func:`xl.training.checkpoints.checkpoint.newest_checkpoint`); that same state serves every check here,
 :func:`xl.training.build.check_checkpoint` (tokenizer, model shape, memory, weights, batch size) and Lightning's own
 restore (:class:`xl.training.checkpoints.checkpoint_io.AtomicCheckpointIO` hands it over instead of reading the file
-again). What
-only a running fit can check stays where Lightning hands the state over: the process count
+again). What only a running fit can check stays where Lightning hands the state over: the process count
 (``XLLitModule.on_load_checkpoint``) and the data position (the train loader's ``load_state_dict``). The command line of
 a run folder is checked before Hydra writes into the folder (:func:`xl.training.runs.continue_run`: which settings a
 resume may change).

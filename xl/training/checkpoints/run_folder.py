@@ -1,8 +1,7 @@
 """A run folder made from a model that train.py did not train: a converted or a shared model.
 
 ``xl.evaluate``, ``xl.generate``, ``train.py init_from=…`` and :class:`xl.training.checkpoints.checkpoint.Checkpoint`
-read it like a
-run of ours::
+read it like a run of ours::
 
     OUT/checkpoints/last.ckpt   the model config, the weights, the tokenizer's fingerprint, where the model came from
     OUT/<tokenizer file>        the vocabulary the data settings name (data.tokenizer_file=OUT/vocab.json, say)

@@ -4,9 +4,8 @@ continues from (or says that there is none) and gives the command that goes on.
 :func:`stopping` wraps ``trainer.fit`` and ``trainer.test``: a signal (Lightning's ``SIGTERMException``, see
 :class:`xl.training.services.callbacks.PreemptionCheckpoint`), a full disk, a checkpoint folder that refuses writes
 (read-only, no permission: :class:`xl.training.checkpoints.checkpoint_io.CheckpointWriteError`) and too many non-finite
-steps end
-the command with ``error: <sentence>`` and exit status 1. The sentence is the last line on the terminal (the progress
-bars are closed first) and is written to the run's log file (``train.log``) too.
+steps end the command with ``error: <sentence>`` and exit status 1. The sentence is the last line on the terminal (the
+progress bars are closed first) and is written to the run's log file (``train.log``) too.
 """
 
 from __future__ import annotations
