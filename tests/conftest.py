@@ -90,15 +90,15 @@ def run_hydra_main(main, argv: list[str], monkeypatch) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def a_cpu_without_native_bf16(tmp_path_factory):
-    """precision=auto picks bf16-mixed on a CPU that multiplies bfloat16 in hardware (xl.training.cpu): in this
+    """precision=auto picks bf16-mixed on a CPU that multiplies bfloat16 in hardware (xl.device.cpu): in this
     process the suite sees a CPU whose flags say it does not, so that what the tests compute does not depend on the
     machine's CPU (tests of the choice give their own flags; subprocesses see the real CPU)."""
-    import xl.training.cpu
+    import xl.device.cpu
 
     cpuinfo = tmp_path_factory.mktemp("cpu") / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2\n")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(xl.training.cpu, "CPUINFO", str(cpuinfo))
+        patch.setattr(xl.device.cpu, "CPUINFO", str(cpuinfo))
         yield
 
 

@@ -1,8 +1,10 @@
 """xl: Transformer-XL's segment-level recurrence and its memories, on PyTorch Lightning and Hydra.
 
-The library: :mod:`xl.model` (the network), :mod:`xl.memory` (the memories), :mod:`xl.data` (corpora, tokenizers,
-the ordered loader), :mod:`xl.training` (the LightningModule and what a run needs), :mod:`xl.config` (schemas and
-rules), :mod:`xl.hub` (sharing models). The applications are the modules and packages beside them (``train``,
+The library, in the order its packages import each other (docs/layout.md): :mod:`xl.settings` (how a setting is
+declared), :mod:`xl.model` (the network, and the interface of a memory), :mod:`xl.memory` (the memories),
+:mod:`xl.data` (corpora, tokenizers, the ordered loader, the metrics), :mod:`xl.device` (device sizing),
+:mod:`xl.config` (schemas and rules), :mod:`xl.training` (the LightningModule and what a run needs), :mod:`xl.hub`
+(sharing models). The applications are the modules and packages beside them (``train``,
 ``evaluate``, ``generate``, ``probe``, ``footprint``, ``export``, ``convert``, ``babilong``) and the benchmarks
 (``bench``); the library never imports them.
 
@@ -24,13 +26,13 @@ __version__ = "0.2.0"
 PUBLIC = {
     "TransformerXL": "xl.model.transformer",
     "XLConfig": "xl.model.config",
-    "XLLitModule": "xl.training.module",
+    "XLLitModule": "xl.training.loop.module",
     "SegmentDataModule": "xl.data.datamodule",
-    "Checkpoint": "xl.training.checkpoint",
+    "Checkpoint": "xl.training.checkpoints.checkpoint",
     "TrainedRun": "xl.training.runs",
     "PretrainedXL": "xl.hub",
-    "Memory": "xl.memory.base",
-    "MemoryConfig": "xl.memory.settings",
+    "Memory": "xl.model.memory",
+    "MemoryConfig": "xl.model.memory_settings",
 }
 __all__ = ["Checkpoint", "Memory", "MemoryConfig", "PretrainedXL", "SegmentDataModule", "TrainedRun", "TransformerXL",
            "XLConfig", "XLLitModule", "__version__"]
@@ -38,12 +40,12 @@ __all__ = ["Checkpoint", "Memory", "MemoryConfig", "PretrainedXL", "SegmentDataM
 if TYPE_CHECKING:  # for type checkers and editors; at run time each name is imported on first use
     from xl.data.datamodule import SegmentDataModule
     from xl.hub import PretrainedXL
-    from xl.memory.base import Memory
-    from xl.memory.settings import MemoryConfig
     from xl.model.config import XLConfig
+    from xl.model.memory import Memory
+    from xl.model.memory_settings import MemoryConfig
     from xl.model.transformer import TransformerXL
-    from xl.training.checkpoint import Checkpoint
-    from xl.training.module import XLLitModule
+    from xl.training.checkpoints.checkpoint import Checkpoint
+    from xl.training.loop.module import XLLitModule
     from xl.training.runs import TrainedRun
 
 

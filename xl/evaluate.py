@@ -9,7 +9,7 @@ from ``conf/evaluate.yaml`` and its groups, so a checkpoint can be read with a l
 with, as in the paper; a memory's own settings that shape no weight take a ``+`` (``+memory.NAME=VALUE``,
 :func:`eval_model_config`). The results go to
 ``results.json`` in the output folder and to W&B (the evaluated run's own W&B run when its folder records one);
-``-m memory.eval_mem_len=0,128,512`` ends with the sweep's summary table and plot (:mod:`xl.training.sweep`).
+``-m memory.eval_mem_len=0,128,512`` ends with the sweep's summary table and plot (:mod:`xl.training.services.sweep`).
 
 ``warmup=N`` feeds the first N segments of every stream without scoring them, so that every scored token has a
 full memory. ``vanilla=true`` is the paper's baseline
@@ -21,7 +21,7 @@ Documents: ``memory.doc_boundaries`` (null: the checkpoint's) says whether a tok
 the same) and by position in document (0-31, 32-127, 128-511, 512+), which shows the cost of a cold start.
 
 A signal (SIGTERM, Ctrl+C, SIGUSR1) stops the command with one sentence and the exit status 128 + the signal's
-number (:mod:`xl.training.signals`); ``results.json`` keeps the splits finished before it, marked ``"complete":
+number (:mod:`xl.training.services.signals`); ``results.json`` keeps the splits finished before it, marked ``"complete":
 false``. Under ``-m`` the sweep stops at the job under way.
 """
 

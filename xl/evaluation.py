@@ -22,14 +22,13 @@ from torch import Tensor
 from xl.config.compose import command_line_keys
 from xl.config.rules import check_evaluate_config
 from xl.config.schema import EvalContextSchema
-from xl.memory import settings
 from xl.memory.store import packed_size
+from xl.model import memory_settings
 from xl.model.adaptive import widen
 from xl.model.documents import MODES, Documents, DocumentStats, split_batch, summary, target_bytes
 from xl.model.transformer import TransformerXL
 from xl.training.build import ConfigError, build_datamodule, check_device, make_trainer
-from xl.training.checkpoint import Checkpoint, describe_corpus
-from xl.training.console import errors_logged, quiet_warnings
+from xl.training.checkpoints.checkpoint import Checkpoint, describe_corpus
 from xl.training.eval_results import (
     Progress,
     describe,
@@ -40,10 +39,11 @@ from xl.training.eval_results import (
     stopped_sentence,
     write_results,
 )
-from xl.training.module import XLLitModule
+from xl.training.loop.module import XLLitModule
 from xl.training.runs import find_run_folder, run_data, use_run_data
-from xl.training.signals import Stopped, end_stopped, stop_on_signals
-from xl.training.stops import close_progress_bars
+from xl.training.services.console import errors_logged, quiet_warnings
+from xl.training.services.signals import Stopped, end_stopped, stop_on_signals
+from xl.training.services.stops import close_progress_bars
 
 log = logging.getLogger("evaluate")
 CONTEXT_KEYS = {f.name for f in dataclasses.fields(EvalContextSchema)}  # memory's keys that every variant shares
@@ -203,13 +203,13 @@ def eval_context(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
 def eval_model_config(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
     """The checkpoint's model config, with the evaluation's values of its memory's evaluation settings: every key of
     ``memory`` other than the shared context's (``+memory.NAME=VALUE``; see
-    :attr:`xl.memory.settings.MemoryConfig.evaluation_settings`)."""
+    :attr:`xl.model.memory_settings.MemoryConfig.evaluation_settings`)."""
     model = checkpoint.model_config
     given = {k: v for k, v in OmegaConf.to_container(cfg.memory).items() if k not in CONTEXT_KEYS}
     if not given:
         return model
     try:
-        memory = settings.for_evaluation(settings.from_dict(model.get("memory")), given)
+        memory = memory_settings.for_evaluation(memory_settings.from_dict(model.get("memory")), given)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return {**model, "memory": memory.to_dict()}
@@ -302,10 +302,11 @@ def segments_note(set_keys: set[str], whose: str) -> str:
 
 def evaluate(cfg: DictConfig) -> dict[str, dict[str, float]]:
     """``{split: {"<split>/loss", "<split>/<bpb|bpc|ppl>", "<split>/bpb", "<split>/tokens", "<split>/tok_s"}}`` for
-    val and test, and ``<split>/unk_share`` for a tokenizer with ``<unk>`` (:mod:`xl.training.metrics`);
+    val and test, and ``<split>/unk_share`` for a tokenizer with ``<unk>`` (:mod:`xl.data.metrics`);
     with ``per_document``, also ``<split>/docs``, ``<split>/doc_mean_<unit>`` and ``<split>/pos_<range>_<unit>``.
     Also written to ``results.json`` in ``paths.output_dir`` and logged to W&B (with ``logger=wandb``). A signal
-    ends the command (:func:`xl.training.signals.end_stopped`), keeping the splits finished in ``results.json``."""
+    ends the command (:func:`xl.training.services.signals.end_stopped`), keeping the splits finished in
+    ``results.json``."""
     progress = Progress()
     with stop_on_signals():
         try:

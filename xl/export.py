@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from xl.config.compose import entry_point
 from xl.config.rules import ConfigError
-from xl.training.console import errors_logged, quiet_warnings
+from xl.training.services.console import errors_logged, quiet_warnings
 
 # The hub and the training code (torch) are imported by export(): --help and a bad setting answer without them.
 
@@ -26,7 +26,7 @@ from xl.training.console import errors_logged, quiet_warnings
 @entry_point("export")
 def main(cfg: DictConfig) -> None:
     from xl.hub.access import HubError
-    from xl.training.run_folder import RunFolderError
+    from xl.training.checkpoints.run_folder import RunFolderError
 
     with errors_logged():
         try:
@@ -40,8 +40,8 @@ def export(cfg: DictConfig) -> None:
     from xl.hub import PretrainedXL
     from xl.hub.access import check_hub, check_repo_id
     from xl.training.build import build_datamodule
-    from xl.training.checkpoint import Checkpoint
-    from xl.training.run_folder import check_new_folder, new_folder
+    from xl.training.checkpoints.checkpoint import Checkpoint
+    from xl.training.checkpoints.run_folder import check_new_folder, new_folder
     from xl.training.runs import use_run_data
 
     quiet_warnings()

@@ -1,6 +1,6 @@
 """The footprint command: the memory cache's footprint (a reference table, one cache, its parameters), or with
 ``--run`` and a training command's overrides the whole estimate of the run that they would start, against this
-machine (the formula: :mod:`xl.training.footprint`)."""
+machine (the formula: :mod:`xl.device.footprint`)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,16 @@ from typing import Any
 
 import torch
 
-from xl.model.config import XLConfig
-from xl.model.transformer import count_parameters
-from xl.training.footprint import (
+from xl.device.footprint import (
     CacheFootprint,
     MiB,
     available_memory,
     cache_footprint,
     describe_run,
-    run_estimate,
     segment_activation_bytes,
 )
+from xl.model.config import XLConfig
+from xl.model.transformer import count_parameters
 
 
 def format_table(rows: list[CacheFootprint], params: list[int | None] | None = None) -> str:
@@ -45,7 +44,7 @@ SEED_CONFIGS = [(512, 768, 12, 8), (512, 1024, 24, 8), (1024, 1024, 24, 8), (204
 def print_run(overrides: list[str]) -> None:
     """The estimate of the training run that ``python train.py OVERRIDES`` would start, against this machine."""
     from xl.config.compose import compose, exit_on_user_error
-    from xl.config.machine import check_device
+    from xl.config.machine import check_device, run_estimate
 
     with exit_on_user_error():
         cfg = compose("config", overrides)

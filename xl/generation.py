@@ -15,12 +15,12 @@ from torch import Tensor
 
 from xl.data.sources import decode
 from xl.data.tokenizers import Tokenizer, WordTokenizer
-from xl.memory import settings
+from xl.model import memory_settings
 from xl.model.transformer import TransformerXL
 from xl.training.build import ConfigError, build_datamodule
-from xl.training.checkpoint import Checkpoint
-from xl.training.console import errors_logged, quiet_warnings
+from xl.training.checkpoints.checkpoint import Checkpoint
 from xl.training.runs import use_run_data
+from xl.training.services.console import errors_logged, quiet_warnings
 
 
 def sample(logits: Tensor, temperature: float, top_k: int, top_p: float, generator: torch.Generator) -> Tensor:
@@ -67,7 +67,7 @@ def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str,
     same_length = saved["same_length"] if cfg.same_length is None else cfg.same_length
     if cfg.mem_len is not None:
         window, source = cfg.mem_len, "mem_len"
-    elif saved["mem_len"] > 0 or not settings.from_dict(saved.get("memory")).reads_afresh:  # memory tokens alone
+    elif saved["mem_len"] > 0 or not memory_settings.from_dict(saved.get("memory")).reads_afresh:  # memory tokens alone
         window, source = saved["mem_len"], "the checkpoint's mem_len"
     else:
         tgt_len, origin = checkpoint.train_tgt_len, "the training segment length, data.tgt_len"

@@ -15,7 +15,7 @@ there is none. Without a gap (and with one key) the previous episode's answer si
 key, and the model stayed at chance at every distance.
 
 One attention hop at position p of a segment (0-based) sees ``mem_len + p`` tokens back with the plain cache, and
-``held + p`` with a memory that keeps more (:meth:`xl.memory.settings.MemoryConfig.held`, per layer: compressed
+``held + p`` with a memory that keeps more (:meth:`xl.model.memory_settings.MemoryConfig.held`, per layer: compressed
 slots, a retrieval store, memory tokens); relayed through the layers' cached states, the reach grows to about
 ``n_layer × held`` (Dai et al., 2019, section 3.2: the longest dependency grows as O(N × L) with N layers).
 ``python -m xl.probe`` trains briefly for several memory lengths (and seeds) and writes accuracy against d (a table,
@@ -59,7 +59,7 @@ def reach_accuracy(d: int, held: Sequence[float], seg_len: int) -> float:
     """Expected accuracy if the model recalls whatever a chain of attention hops can see, and guesses otherwise.
 
     ``held``: per hop, the query's first, how many positions before its segment that hop's keys reach
-    (:meth:`~xl.memory.settings.MemoryConfig.held` of the hop's layer; ``math.inf``: every position). Position s
+    (:meth:`~xl.model.memory_settings.MemoryConfig.held` of the hop's layer; ``math.inf``: every position). Position s
     attends back to ``s - held - (s mod seg_len)`` (its memory and its own segment so far); a relay through a layer's
     cached states starts the next hop there. The memory is full (positions before the stream's start count as
     text), and queries are spread evenly over the segment positions.
@@ -158,10 +158,10 @@ def flat(node: Any) -> dict[str, Any]:
 
 def scored_memory(cfg: Any, scored_cfg: Any) -> Any:
     """The memory the trained model is scored with: the run's, with the ``--score`` overrides of its evaluation
-    settings (another store size: :func:`xl.memory.settings.for_evaluation`); ConfigError in one sentence for an
+    settings (another store size: :func:`xl.model.memory_settings.for_evaluation`); ConfigError in one sentence for an
     override that would change the trained run (anything but the episodes, ``data.source.*``, and those settings)."""
     from xl.config.rules import ConfigError
-    from xl.memory import settings
+    from xl.model import memory_settings
 
     before, after = flat(cfg), flat(scored_cfg)
     changed = {k: v for k, v in after.items() if before.get(k) != v}
@@ -171,7 +171,7 @@ def scored_memory(cfg: Any, scored_cfg: Any) -> Any:
                           "episodes (data.source.*) and the memory's evaluation settings only")
     given = {k.removeprefix("memory."): v for k, v in changed.items() if k.startswith("memory.")}
     try:
-        return settings.for_evaluation(settings.variant_config(cfg.memory, cfg), given)
+        return memory_settings.for_evaluation(memory_settings.variant_config(cfg.memory, cfg), given)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
@@ -206,7 +206,7 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from xl.training.build import build_run
-    from xl.training.console import quiet_libraries, quiet_warnings
+    from xl.training.services.console import quiet_libraries, quiet_warnings
 
     quiet_libraries()
     quiet_warnings()
@@ -227,7 +227,7 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
         run = build_run(cfg)
         try:
             run.trainer.fit(run.module, datamodule=run.datamodule)
-        except SIGTERMException as err:  # a signal (xl.training.callbacks.PreemptionCheckpoint): the probe stops
+        except SIGTERMException as err:  # a signal (services.callbacks.PreemptionCheckpoint): the probe stops
             sys.exit(f"error: {err or 'stopped by a signal'}; the probe's runs are in {out_dir}")
         model, val_rows = (run.module.model, np.asarray(run.datamodule.val_dataloader().rows)) if not score else \
             scoring(run.module.model, memory, scored_cfg)

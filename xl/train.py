@@ -5,10 +5,11 @@ and say where everything went. ``-m`` sweeps, e.g. ``python train.py -m memory.m
 
 ``python train.py ckpt_path=RUN [key=value ...]`` continues the run in the folder RUN: its own settings (read from
 ``RUN/.hydra/overrides.yaml``) with the new ones on top, written into RUN, logged into the same W&B run.
-``trainer.max_steps`` counts the run's steps in all, not steps added by the resume; a resume may change only what
-it would use (xl.training.runs.RESUMABLE), and one whose training is complete but whose test is not runs the test. A
+``trainer.max_steps`` counts the run's steps in all, not steps added by the resume; a resume may change only what it
+would use (xl.training.runs.RESUMABLE), and one whose training is complete but whose test is not runs the test. A
 requeued SLURM job, which runs the same command into the same folder, continues from the folder's newest complete
-checkpoint. A stop before the end (a signal, a full disk, non-finite steps) ends in one sentence (xl/training/stops.py).
+checkpoint. A stop before the end (a signal, a full disk, non-finite steps) ends in one sentence
+(xl/training/services/stops.py).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.compose import entry_point, exit_on_user_error
 from xl.config.rules import ConfigError, check_config
-from xl.training import run_lock, wandb_log
-from xl.training.console import errors_logged, quiet_libraries, quiet_wandb, quiet_warnings
+from xl.training.checkpoints import run_lock
 from xl.training.runs import continue_run, holds_run, requeued, wandb_id
+from xl.training.services import wandb_log
+from xl.training.services.console import errors_logged, quiet_libraries, quiet_wandb, quiet_warnings
 
 # Lightning and the training code are imported by the functions that train: composing, printing the config
 # (--cfg job, --help) and reporting a bad key answer without them.
@@ -56,7 +58,7 @@ def fit_and_test(cfg: DictConfig) -> dict[str, float]:
         raise ConfigError("train=false and test=false leave nothing to do; set test=true to test ckpt_path")
     check_config(cfg, shape=not cfg.get("init_from"), trainer=False)  # before torch and Lightning are imported
     from xl.training.build import build_run
-    from xl.training.stops import stopping
+    from xl.training.services.stops import stopping
 
     quiet_libraries()  # Lightning, imported just now, set its own log levels
     prepare_run(cfg)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from tests.helpers.memories import xl_config
 from xl.bench.compressive import filled_decoder, main, memories
 from xl.bench.shared import CONFIG_S
+from xl.device.footprint import cache_footprint
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.footprint import cache_footprint
 
 
 def test_the_compressive_memory_has_the_cache_of_the_first_and_the_mem_len_of_the_last():

@@ -1,4 +1,4 @@
-"""A memory variant written from scratch against :class:`xl.memory.base.Memory`, outside the package, as a user would
+"""A memory variant written from scratch against :class:`xl.model.memory.Memory`, outside the package, as a user would
 add one: a dilated memory. Before the window of the last ``mem_len`` states, each layer keeps every ``stride``-th
 older state (of each group of ``stride`` states that leaves the window, the newest), up to ``far_len`` of them: the
 distant past at a coarser grain, with no weights, as dilated attention over a history does. It subclasses no
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from xl.config.bounds import at_least, setting
-from xl.memory.base import Context, Memory, Segment, Size, Slots, Update
-from xl.memory.eviction import leaving
-from xl.memory.settings import MemoryConfig
+from xl.model.eviction import leaving
+from xl.model.memory import Context, Memory, Segment, Size, Slots, Update
+from xl.model.memory_settings import MemoryConfig
+from xl.settings.bounds import at_least, setting
 
 
 @dataclass

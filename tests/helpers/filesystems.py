@@ -110,7 +110,7 @@ def files(folder: Path) -> dict[str, int]:
 
 def resumable(run: Path) -> dict[str, Any]:
     """What a resume of the folder would start from: the checkpoint it picks, or why it refuses."""
-    from xl.training.checkpoint import Checkpoint
+    from xl.training.checkpoints.checkpoint import Checkpoint
 
     try:
         checkpoint = Checkpoint.open(run)

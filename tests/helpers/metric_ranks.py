@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from xl.training.metrics import LMMetrics
+from xl.data.metrics import LMMetrics
 
 VOCAB, UNK = 6, 1
 

@@ -1,5 +1,5 @@
-"""What an offline W&B run folder would upload, read once W&B has finished writing it (xl.training.wandb_log reads
-the ``.wandb`` transaction logs)."""
+"""What an offline W&B run folder would upload, read once W&B has finished writing it (xl.training.services.wandb_log
+reads the ``.wandb`` transaction logs)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import wandb
 
-from xl.training import wandb_log
+from xl.training.services import wandb_log
 
 
 def written() -> None:

@@ -27,13 +27,13 @@ import xl.footprint
 import xl.training.build
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
 from tests.helpers.paths import ROOT
-from xl.config.bounds import describe_type, schema_bounds
 from xl.config.compose import compose as compose_or_explain
 from xl.config.compose import entry_point
 from xl.config.compose_errors import describe_error
 from xl.data import DataError
+from xl.settings.bounds import describe_type, schema_bounds
 from xl.training.build import ConfigError, build_run, check_fits
-from xl.training.checkpoint import CheckpointError
+from xl.training.checkpoints.checkpoint import CheckpointError
 
 SHORT = 200  # characters: a refusal is one sentence a reader takes in at a glance
 
@@ -254,7 +254,8 @@ def test_a_value_out_of_range_is_one_sentence_before_any_work(key, tmp_path, cor
     ("+optim.momentum=0.9", ConfigError, "optim.momentum is not a setting; optim has lr"),
     ("+trainer.max_step=5", ConfigError, "trainer.max_step is not an argument of lightning.pytorch.Trainer"),
     ("+callbacks.model_checkpoint.every_n_step=5", ConfigError,
-     "callbacks.model_checkpoint.every_n_step is not an argument of xl.training.model_checkpoint.ModelCheckpoint"),
+     "callbacks.model_checkpoint.every_n_step is not an argument of "
+     "xl.training.checkpoints.model_checkpoint.ModelCheckpoint"),
     ("trainer=ddp trainer.strategy._target_=lightning.pytorch.strategies.Nope", ConfigError,
      "trainer.strategy._target_=lightning.pytorch.strategies.Nope cannot be imported"),
     ("compile.enabled=true compile.backend=warp", ConfigError, "compile.backend must be one of"),

@@ -105,7 +105,7 @@ def test_a_checkpoint_write_refused_by_permissions_is_said_in_train_log(tmp_path
 
     from tests.conftest import run_hydra_main
     from xl import train
-    from xl.training import checkpoint_io
+    from xl.training.checkpoints import checkpoint_io
 
     saves, save = [], checkpoint_io.save_atomically
 
@@ -148,7 +148,7 @@ def test_a_full_disk_with_the_wandb_logger_ends_in_the_sentence_alone(corpus, tm
 def test_every_trainer_the_project_builds_writes_through_the_atomic_plugin(tmp_path, corpus):
     from tests.integration.test_evaluate import compose_eval
     from xl.training.build import build_run, make_trainer
-    from xl.training.checkpoint_io import AtomicCheckpointIO
+    from xl.training.checkpoints.checkpoint_io import AtomicCheckpointIO
 
     run = build_run(compose_config(*tiny_overrides(tmp_path, corpus)))  # train.py and the probe
     assert isinstance(run.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
@@ -159,7 +159,7 @@ def test_every_trainer_the_project_builds_writes_through_the_atomic_plugin(tmp_p
 
 def test_a_resume_reads_each_checkpoint_file_once(tmp_path, corpus, monkeypatch):
     """The resume's checks and Lightning's restore opened the same checkpoint four times; now the state read once
-    serves them all (xl.training.resume.Resume, handed to Lightning by the plugin)."""
+    serves them all (xl.training.checkpoints.resume.Resume, handed to Lightning by the plugin)."""
     import torch
 
     from xl import train

@@ -1,5 +1,5 @@
 """What a plain run prints: progress, results and real warnings, none of the libraries' notices
-(xl/training/console.py)."""
+(xl/training/services/console.py)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.helpers import metric_ranks
-from xl.training.checkpoint import gather_rng_states, set_rng_state
-from xl.training.nonfinite import agree_across_ranks
+from xl.training.checkpoints.checkpoint import gather_rng_states, set_rng_state
+from xl.training.loop.nonfinite import agree_across_ranks
 
 
 def _rank_main(rank: int, folder: str) -> None:

@@ -149,7 +149,7 @@ SCALE = {
                              "--rounds", "1", "--threads", "1"],
     "xl.bench.babilong": ["--length", "150", "--batch", "2", "--rounds", "1", "--threads", "1", "--peak-lengths"],
     "xl.bench.precision": ["--steps", "1", "--rounds", "1", "--threads", "1", "--batch", "2", "--tgt-len", "16"],
-    "xl.memory.knn.bench": ["--batch", "2", "--tgt-len", "8", "--size", "256", "--rounds", "1", "--cross-batch", "2",
+    "xl.bench.knn": ["--batch", "2", "--tgt-len", "8", "--size", "256", "--rounds", "1", "--cross-batch", "2",
                             "--cross-queries", "4", "--sizes", "64", "128"],
     "xl.bench.tokens": ["--mem-len", "16", "--num-tokens", "2", "--batch", "2", "--tgt-len", "16", "--steps", "1",
                         "--rounds", "1", "--threads", "1"],

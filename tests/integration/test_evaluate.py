@@ -18,7 +18,7 @@ from xl.evaluation import eval_context, evaluate, vanilla_nll
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
 from xl.training.build import ConfigError, build_run
-from xl.training.checkpoint import Checkpoint, CheckpointError
+from xl.training.checkpoints.checkpoint import Checkpoint, CheckpointError
 
 
 @pytest.fixture(scope="module")

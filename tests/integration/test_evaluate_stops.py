@@ -18,7 +18,7 @@ from tests.helpers.paths import ROOT
 from tests.integration.test_evaluate import compose_eval, eval_overrides, trained  # noqa: F401 (a fixture)
 from xl.evaluation import evaluate
 from xl.training.eval_results import Progress, stopped_sentence
-from xl.training.signals import exit_status
+from xl.training.services.signals import exit_status
 
 BATCHES = ("trainer.limit_val_batches=3", "trainer.limit_test_batches=3")
 

@@ -23,8 +23,8 @@ from xl.convert.cli import main as convert_main
 from xl.data.tokenizers import WordTokenizer, fingerprint
 from xl.hub import PretrainedXL
 from xl.training.build import build_run
-from xl.training.checkpoint import Checkpoint, CheckpointError
-from xl.training.run_folder import new_folder
+from xl.training.checkpoints.checkpoint import Checkpoint, CheckpointError
+from xl.training.checkpoints.run_folder import new_folder
 from xl.training.runs import TrainedRun
 
 DOCS = ROOT / "docs" / "sharing.md"

@@ -14,7 +14,7 @@ from omegaconf import open_dict
 
 from tests.conftest import compose_config, tiny_overrides
 from xl.training.build import build_callbacks, build_run
-from xl.training.nonfinite import NonFiniteError
+from xl.training.loop.nonfinite import NonFiniteError
 
 
 class PoisonGradients(L.Callback):

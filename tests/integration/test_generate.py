@@ -19,7 +19,7 @@ from xl.generation import generate, sample
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
 from xl.training.build import build_run
-from xl.training.checkpoint import Checkpoint, CheckpointError
+from xl.training.checkpoints.checkpoint import Checkpoint, CheckpointError
 
 FIXTURE = FIXTURES / "transfo_xl"
 

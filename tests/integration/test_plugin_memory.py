@@ -14,10 +14,10 @@ from tests.helpers.paths import ROOT
 from tests.helpers.plugin_memory import MaxPoolMemory
 from tests.integration.test_evaluate import compose_eval
 from xl import train
+from xl.config.machine import run_estimate
 from xl.evaluation import evaluate
 from xl.training.build import build_run
-from xl.training.checkpoint import Checkpoint
-from xl.training.footprint import run_estimate
+from xl.training.checkpoints.checkpoint import Checkpoint
 
 TARGET = "tests.helpers.plugin_memory.MaxPoolConfig"
 

@@ -1,4 +1,5 @@
-"""The training bar of a resumed run (xl/training/progress_bar.py): the run's steps, at a rate that makes sense."""
+"""The training bar of a resumed run (xl/training/services/progress_bar.py): the run's steps, at a rate that makes
+sense."""
 
 from __future__ import annotations
 

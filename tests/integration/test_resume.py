@@ -20,8 +20,8 @@ import xl.training.build
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from xl import train
 from xl.training.build import build_callbacks, build_run
-from xl.training.checkpoint import Checkpoint, CheckpointError
-from xl.training.module import XLLitModule
+from xl.training.checkpoints.checkpoint import Checkpoint, CheckpointError
+from xl.training.loop.module import XLLitModule
 
 STEPS, STOP_AT = 12, 7  # epochs of 5 segments: the stop falls in the middle of the second epoch
 
@@ -106,7 +106,7 @@ def test_the_final_step_is_not_saved_twice(tmp_path, corpus):
 
 def test_no_last_checkpoint_when_it_is_switched_off(tmp_path, corpus, caplog):
     cfg = resume_cfg(tmp_path, corpus, "off", "trainer.max_steps=8", "callbacks.model_checkpoint.save_last=false")
-    caplog.set_level(logging.INFO, logger="xl.training.model_checkpoint")
+    caplog.set_level(logging.INFO, logger="xl.training.checkpoints.model_checkpoint")
     fit(cfg)
     assert sorted(p.name for p in (tmp_path / "off" / "run" / "checkpoints").glob("*.ckpt")) == ["step0000007.ckpt"]
     assert "the final step (8) is not saved (callbacks.model_checkpoint.save_last=false)" in caplog.text
@@ -130,7 +130,7 @@ def test_weights_that_do_not_fit_the_model_are_one_sentence(tmp_path, corpus, ed
     refused by resume, evaluation and loading, before any work, naming the tensor."""
     from tests.integration.test_evaluate import compose_eval
     from xl.evaluation import evaluate
-    from xl.training.checkpoint import Checkpoint
+    from xl.training.checkpoints.checkpoint import Checkpoint
 
     fit(resume_cfg(tmp_path, corpus, "first", "trainer.max_steps=3",
                    "callbacks.model_checkpoint.every_n_train_steps=3"))

@@ -21,7 +21,7 @@ from tests.integration.test_evaluate import compose_eval
 from xl import train
 from xl.evaluation import evaluate
 from xl.training.build import build_run
-from xl.training.checkpoint import Checkpoint, CheckpointError
+from xl.training.checkpoints.checkpoint import Checkpoint, CheckpointError
 
 
 def signal_at(step: int, signum: int = 15) -> list[str]:
@@ -63,10 +63,10 @@ def test_a_run_folder_names_its_newest_checkpoint_across_stops_and_resumes(tmp_p
 
     good = (folder / "last.ckpt").read_bytes()
     (folder / "last.ckpt").write_bytes(good[: len(good) // 3])  # as another program might leave it
-    with caplog.at_level(logging.WARNING, logger="xl.training.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="xl.training.checkpoints.checkpoint"):
         fallback = Checkpoint.open(run)
     assert fallback.path.name == best
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "xl.training.checkpoint"]
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "xl.training.checkpoints.checkpoint"]
     assert line == (f"{folder / 'last.ckpt'} cannot be read, so it is left out: the newest complete checkpoint, "
                     f"{best} (step {fallback.global_step}), is used")
     train.fit_and_test(compose_config(*common, f"ckpt_path={run}", "trainer.max_steps=34", "test=false"))

@@ -20,7 +20,7 @@ from tests.conftest import compose_config, run_hydra_main, tiny_overrides
 from tests.helpers import wandb_records
 from tests.integration.test_stops import stop_cfg
 from xl import train
-from xl.training import run_lock
+from xl.training.checkpoints import run_lock
 
 
 def csv_rows(run: Path) -> list[dict]:

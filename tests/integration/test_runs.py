@@ -19,7 +19,7 @@ from xl import train
 from xl.config.rules import ConfigError
 from xl.data.tokenizers import fingerprint
 from xl.training.build import build_run
-from xl.training.checkpoint import Checkpoint
+from xl.training.checkpoints.checkpoint import Checkpoint
 from xl.training.runs import TrainedRun, find_run_folder, run_data
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -20,8 +20,8 @@ from tests.conftest import compose_config, tiny_overrides
 from tests.helpers.paths import ROOT
 from xl import train
 from xl.training.build import build_run
-from xl.training.checkpoint import CheckpointError
-from xl.training.stops import stopping
+from xl.training.checkpoints.checkpoint import CheckpointError
+from xl.training.services.stops import stopping
 
 
 class SignalAt(L.Callback):

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
 from tests.helpers.paths import ROOT
 from xl.training.hydra_callbacks import FinishWandbRun
-from xl.training.sweep import write_summary
+from xl.training.services.sweep import write_summary
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -161,7 +161,7 @@ def test_wandb_sweep_config_is_valid_for_train_py():
 
 
 def test_summary_columns_name_every_memory_setting_and_bits_per_byte_once():
-    from xl.training.sweep import columns
+    from xl.training.services.sweep import columns
 
     rows = [{"job": "0", "mem_len": 64, "grad_segments": 2, "memory": "cache", "unit": "ppl", "val/ppl": 30.0,
              "val/bpb": 1.2}, {"job": "1", "mem_len": 64, "grad_segments": 1, "unit": "ppl"}]
@@ -174,7 +174,7 @@ def test_jobs_of_several_tokenizers_are_tabled_with_their_own_figures_and_plotte
     """A sweep over data.tokenizer: every job's own figure and bpb are columns, the <unk> share beside them, and the
     plot shows bpb, the figure they share (the first job's unit, ppl, would leave the byte job out, and would put a
     word model's ppl beside a subword model's)."""
-    from xl.training.sweep import columns, plotted_unit
+    from xl.training.services.sweep import columns, plotted_unit
 
     rows = [{"job": "word", "mem_len": 64, "unit": "ppl", "val/ppl": 40.0, "val/bpb": 2.9, "val/unk_share": 0.4},
             {"job": "byte", "mem_len": 64, "unit": "bpb", "val/bpb": 2.5}]
@@ -187,7 +187,7 @@ def drawn_figure(rows: list[dict], tmp_path: Path, monkeypatch):
     """The figure write_plot draws for ``rows``, kept open to be read."""
     import matplotlib.pyplot as plt
 
-    from xl.training.sweep import write_plot
+    from xl.training.services.sweep import write_plot
 
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)
@@ -266,7 +266,7 @@ def test_a_search_labels_its_points_rounded_and_inside_the_panel(tmp_path, monke
 def test_the_quality_axis_states_the_spread_and_does_not_blow_noise_up(tmp_path, monkeypatch):
     """Five jobs within 0.0013 bpb of one another: the title says so, and the axis spans at least 2% of the values,
     so that noise does not fill the panel as a trend; a real difference is drawn at its own scale."""
-    from xl.training.sweep import MIN_SPAN
+    from xl.training.services.sweep import MIN_SPAN
 
     sweep = tmp_path / "sweep"
     values = [1.2000, 1.2013, 1.2004, 1.2009, 1.2001]

@@ -1,5 +1,6 @@
-"""The house's rules, checked on the source: the library imports no application, and a memory variant's settings
-are named only by its own module, its config file, its benchmark, the tests and the docs."""
+"""The house's rules, checked on the source: packages import downward only (docs/layout.md lists their order), and a
+memory variant's settings are named only by its own module, its config file, its benchmark, the tests and the
+docs."""
 
 from __future__ import annotations
 
@@ -7,12 +8,9 @@ import ast
 import re
 
 from tests.helpers.paths import ROOT
-from xl.memory.settings import MemoryConfig, config_class
+from xl.model.memory_settings import MemoryConfig, config_class
 
-LIBRARY = ("model", "memory", "data", "training", "config", "hub")
-SHARED = ("xl.memory.base", "xl.memory.settings", "xl.memory.eviction", "xl.memory.store")  # every memory's
-APPLICATIONS = ("xl.train", "xl.evaluate", "xl.evaluation", "xl.generate", "xl.generation", "xl.probe", "xl.footprint",
-                "xl.export", "xl.convert", "xl.babilong", "xl.bench")
+SHARED = ("xl.memory.store",)  # every memory's
 
 
 def imported(path) -> list[str]:
@@ -26,12 +24,84 @@ def imported(path) -> list[str]:
     return names
 
 
-def test_the_library_imports_no_application():
-    # A variant's benchmark lives with the variant (xl/memory/<variant>/bench.py) and uses the benchmarks' runner.
-    paths = [path for package in LIBRARY for path in (ROOT / "xl" / package).rglob("*.py") if path.name != "bench.py"]
-    found = [(str(path.relative_to(ROOT)), name) for path in paths for name in imported(path)
-             if any(name == app or name.startswith(app + ".") for app in APPLICATIONS)]
-    assert found == []
+def layers() -> list[str]:
+    """The packages in their order, lowest first, as docs/layout.md lists them."""
+    text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    return re.findall(r"^\d+\. `(xl[\w.]*)`", text.split("## Layers", 1)[1].split("\n## ", 1)[0], re.M)
+
+
+def module_name(path, root=ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path, root=ROOT) -> list[tuple[int, str]]:
+    """Each ``import`` of ``xl`` in the file (function-level and ``TYPE_CHECKING`` ones included), relative ones
+    resolved: (line, module imported). ``from package import name`` imports module ``package.name`` where that is a
+    module, else ``package``."""
+    module = module_name(path, root)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                path_of = root / sub.replace(".", "/")
+                is_module = path_of.with_suffix(".py").exists() or (path_of / "__init__.py").exists()
+                found.append((node.lineno, sub if is_module else base))
+    return sorted({(line, name) for line, name in found if name == "xl" or name.startswith("xl.")})
+
+
+def layer_of(name: str, order: list[str]) -> int:
+    """The place in ``order`` of the package that holds module ``name``: the longest listed prefix."""
+    return max((i for i, package in enumerate(order) if name == package or name.startswith(package + ".")),
+               key=lambda i: len(order[i]))
+
+
+def test_layers_list_real_packages():
+    order = layers()
+    assert order[-1] == "xl" and len(set(order)) == len(order)
+    for package in order:
+        assert (ROOT / package.replace(".", "/") / "__init__.py").exists(), f"docs/layout.md lists {package}"
+
+
+def test_every_kind_of_import_is_seen(tmp_path):
+    """Module-level, function-level, ``TYPE_CHECKING``, relative and ``from package import module`` imports."""
+    for name in ("xl/__init__.py", "xl/low/__init__.py", "xl/high/__init__.py", "xl/high/b.py", "xl/high/c.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    source = tmp_path / "xl" / "low" / "a.py"
+    source.write_text("from typing import TYPE_CHECKING\n"
+                      "import xl.high.b\n"
+                      "if TYPE_CHECKING:\n"
+                      "    from xl.high.b import Thing\n"
+                      "def f():\n"
+                      "    from ..high import c\n"
+                      "    from . import helper\n"
+                      "    import os\n")
+    assert imports(source, tmp_path) == [(2, "xl.high.b"), (4, "xl.high.b"), (6, "xl.high.c"), (7, "xl.low")]
+    order = ["xl.low", "xl.high", "xl"]
+    assert [layer_of(name, order) for _, name in imports(source, tmp_path)] == [1, 1, 1, 0]
+    assert layer_of("xl.train", order) == 2 and layer_of(module_name(source, tmp_path), order) == 0
+
+
+def test_packages_import_downward_only():
+    """No module of ``xl/`` imports from a package later in the order of docs/layout.md."""
+    order = layers()
+    upward = []
+    for path in sorted((ROOT / "xl").rglob("*.py")):
+        here = layer_of(module_name(path), order)
+        for line, name in imports(path):
+            there = layer_of(name, order)
+            if there > here:
+                upward.append(f"{path.relative_to(ROOT)}:{line}: {order[here]} imports {name} of {order[there]}")
+    assert upward == [], "imports that run upward:\n" + "\n".join(upward)
 
 
 def test_a_variants_settings_are_named_only_beside_its_code():

@@ -2,10 +2,10 @@
 
 Beside the model's accuracy each of them holds the rules that need no memory of the asked entity, scored on the same
 samples (:mod:`xl.babilong.baselines`). The heatmap is :mod:`xl.babilong.heatmap`'s. Under ``-m``
-:class:`BabilongSummary` (a Hydra callback) gathers the jobs' ``results.json`` into ``summary.csv``, ``summary.md``
-(one row per job, one column per task and length, and the mean over tasks per length, then the rules' rows) and
+:class:`BabilongSummary` (a Hydra callback) gathers the jobs' ``results.json`` into ``summary.csv``, ``summary.md`` (one
+row per job, one column per task and length, and the mean over tasks per length, then the rules' rows) and
 ``summary.png`` (the jobs' heatmaps side by side), and logs them to W&B, as a training sweep's summary is
-(:mod:`xl.training.sweep`).
+(:mod:`xl.training.services.sweep`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from omegaconf.errors import OmegaConfBaseException
 from xl.babilong.baselines import RULES
 from xl.babilong.heatmap import draw_heatmaps
 from xl.data.babilong.lengths import length_name
-from xl.memory import settings
-from xl.memory.settings import describe
+from xl.model import memory_settings
+from xl.model.memory_settings import describe
 from xl.training.build import run_identity
-from xl.training.callbacks import write_json
-from xl.training.console import quiet_wandb
-from xl.training.sweep import RESULTS_FILE, collect
+from xl.training.services.callbacks import write_json
+from xl.training.services.console import quiet_wandb
+from xl.training.services.sweep import RESULTS_FILE, collect
 
 log = logging.getLogger(__name__)
 HEATMAP = "heatmap.png"
@@ -87,7 +87,7 @@ def record(cfg: DictConfig, run: Any, context: dict[str, Any], decoding: str, ba
     return {
         "ckpt": str(run.checkpoint.path.resolve()), "step": run.checkpoint.global_step,
         "run": str(run.folder.resolve()) if run.folder else None, "mem_len": model["mem_len"],
-        "memory": describe(settings.from_dict(model.get("memory"))), "window": context["window"],
+        "memory": describe(memory_settings.from_dict(model.get("memory"))), "window": context["window"],
         "clamp_len": context["clamp_len"], "same_length": context["same_length"], "decoding": decoding,
         "background": background, "samples": cfg.samples, "seed": cfg.seed, "tasks": tasks, "lengths": lengths,
         "complete": complete, "identity": identity, "accuracy": accuracy, "mean": mean, "baselines": baselines,

@@ -6,7 +6,7 @@ setting that changes a cell's samples or answers. A rerun into the same folder t
 identity and scores only the others; a file of another identity is refused in one sentence, so that cells of two
 settings are never mixed.
 
-SIGTERM, SIGINT (Ctrl+C) and SIGUSR1 end the scoring as they end xl.evaluate (:mod:`xl.training.signals`): one
+SIGTERM, SIGINT (Ctrl+C) and SIGUSR1 end the scoring as they end xl.evaluate (:mod:`xl.training.services.signals`): one
 sentence that says what is kept and how to go on, and exit status 128 + the signal's number. A signal that comes
 while ``results.json`` is written waits for the write to end.
 """
@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 from xl.babilong.report import Cell
 from xl.config.rules import ConfigError
 from xl.data.babilong.lengths import length_name
-from xl.training.signals import SIGNALS, Stopped, end_stopped
+from xl.training.services.signals import SIGNALS, Stopped, end_stopped
 
 
 def identity(cfg: DictConfig, checkpoint: Any, decoding: str, background: str, device: str) -> dict[str, Any]:
@@ -80,9 +80,10 @@ def stop_sentence(signum: int, progress: Progress) -> str:
 
 
 class SignalStop:
-    """While entered: the stopping signals raise :class:`~xl.training.signals.Stopped` (or, inside :meth:`held`, when
-    it ends); on leaving, the handlers before are back. A :class:`Stopped` that leaves the block ends the command
-    with :func:`stop_sentence` and exit status 128 + the signal's number (:func:`xl.training.signals.end_stopped`)."""
+    """While entered: the stopping signals raise :class:`~xl.training.services.signals.Stopped` (or, inside
+    :meth:`held`, when it ends); on leaving, the handlers before are back. A :class:`Stopped` that leaves the block ends
+    the command with :func:`stop_sentence` and exit status 128 + the signal's number
+    (:func:`xl.training.services.signals.end_stopped`)."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress

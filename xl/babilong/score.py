@@ -49,10 +49,10 @@ from xl.data.babilong.samples import Sample, samples
 from xl.data.babilong.tasks import LABELS
 from xl.data.sources import StdlibSource
 from xl.generation import decoding_context
-from xl.training.callbacks import write_json
-from xl.training.console import errors_logged, quiet_warnings
 from xl.training.runs import TrainedRun
-from xl.training.sweep import RESULTS_FILE
+from xl.training.services.callbacks import write_json
+from xl.training.services.console import errors_logged, quiet_warnings
+from xl.training.services.sweep import RESULTS_FILE
 
 log = logging.getLogger("babilong")
 

@@ -45,7 +45,7 @@ from xl.data.sources import StdlibSource
 from xl.data.tokenizers import make_tokenizer
 from xl.evaluation import Evaluator
 from xl.model.config import XLConfig
-from xl.training.console import plain_text
+from xl.training.services.console import plain_text
 
 MODES = ("evaluate", "read", "score")
 TASK = "qa1"

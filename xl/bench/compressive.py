@@ -27,7 +27,7 @@ from xl.memory.compressive import CompressiveConfig
 from xl.model.config import XLConfig
 from xl.model.decoding import IncrementalDecoder
 from xl.model.transformer import TransformerXL
-from xl.training.console import plain_text
+from xl.training.services.console import plain_text
 
 MODES = ("train", "eval", "decode")
 

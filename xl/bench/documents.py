@@ -19,7 +19,7 @@ from xl.bench.shared import CONFIG_S, interleaved_rates, report_ratios
 from xl.model.config import XLConfig
 from xl.model.documents import Documents
 from xl.model.transformer import TransformerXL, XLOutput
-from xl.training.console import plain_text
+from xl.training.services.console import plain_text
 
 CONDITIONS = ("none", "far", "boundaries")
 

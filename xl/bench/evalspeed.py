@@ -26,7 +26,7 @@ from xl.bench.shared import CONFIG_S, cpu_model, median_rate
 from xl.evaluation import vanilla_nll
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.console import plain_text
+from xl.training.services.console import plain_text
 
 
 def xl_seconds_per_token(model: TransformerXL, attn_len: int, tgt_len: int, batch: int, repeats: int) -> float:

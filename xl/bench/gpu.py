@@ -1,10 +1,10 @@
 """Training throughput, peak memory and model FLOPs utilisation on an accelerator: ``python -m xl.bench.gpu``.
 
-Runs the training step as :class:`xl.training.module.XLLitModule` does (:class:`xl.bench.runner.SegmentRunner`: forward
-with the memory carried, backward, gradient clipping, AdamW) for one of the paper's experiment configs or
-config S, in bf16 autocast by default, optionally under ``torch.compile``. Model FLOPs are counted exactly for
-the shapes run (see :func:`model_flops`; a test checks the count against ``torch.utils.flop_counter``), and MFU
-divides the achieved FLOP rate by the device's dense bf16 peak (a small table, or ``--peak-tflops``).
+Runs the training step as :class:`xl.training.loop.module.XLLitModule` does (:class:`xl.bench.runner.SegmentRunner`:
+forward with the memory carried, backward, gradient clipping, AdamW) for one of the paper's experiment configs or config
+S, in bf16 autocast by default, optionally under ``torch.compile``. Model FLOPs are counted exactly for the shapes run
+(see :func:`model_flops`; a test checks the count against ``torch.utils.flop_counter``), and MFU divides the achieved
+FLOP rate by the device's dense bf16 peak (a small table, or ``--peak-tflops``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from xl.bench.shared import CONFIG_S
 from xl.config.compose import compose
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.console import plain_text
+from xl.training.services.console import plain_text
 
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "32-true": None}  # precision → autocast dtype
 CLIP = 0.25  # trainer.gradient_clip_val, the paper's clipping

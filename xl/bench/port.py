@@ -31,7 +31,7 @@ from xl.bench.runner import SegmentRunner, one_token_decoder, token_stream
 from xl.bench.shared import CONFIG_S, cpu_model
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL, XLOutput
-from xl.training.console import plain_text
+from xl.training.services.console import plain_text
 
 PORT_INSTALL = ('python -m venv --system-site-packages /tmp/port && /tmp/port/bin/pip install --no-deps '
                 '"transformers==4.30.2" safetensors regex "tokenizers==0.13.3"')

@@ -3,7 +3,7 @@
 Config S's training step (:class:`xl.bench.runner.SegmentRunner`: forward with the memory carried, backward, gradient
 clipping, fused AdamW) in float32 (``precision=32-true``) and under bf16 autocast (``precision=bf16-mixed``, as
 Lightning's plugin runs it), interleaved round by round in one process so that a shared CPU slows both alike. A CPU
-that multiplies bfloat16 in hardware (``amx_bf16`` or ``avx512_bf16``: :mod:`xl.training.cpu`) runs the bf16 step
+that multiplies bfloat16 in hardware (``amx_bf16`` or ``avx512_bf16``: :mod:`xl.device.cpu`) runs the bf16 step
 faster; elsewhere bf16 is emulated and far slower.
 """
 
@@ -15,9 +15,9 @@ import torch
 
 from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S, cpu_model, interleaved_rates, report_ratios
+from xl.device.cpu import cpu_flags, native_bf16
 from xl.model.transformer import TransformerXL, XLConfig
-from xl.training.console import plain_text
-from xl.training.cpu import cpu_flags, native_bf16
+from xl.training.services.console import plain_text
 
 PRECISIONS = {"32-true": None, "bf16-mixed": torch.bfloat16}  # precision → autocast dtype
 CLIP = 0.25  # trainer.gradient_clip_val

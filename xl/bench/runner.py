@@ -2,7 +2,7 @@
 
 A [B, T] token stream is fed segment by segment through a :class:`~xl.model.transformer.TransformerXL`, the memory
 carried from each segment to the next, as training and evaluation read the data. Training runs the step that
-:class:`xl.training.module.XLLitModule` runs under Lightning: forward (under autocast for the mixed precisions),
+:class:`xl.training.loop.module.XLLitModule` runs under Lightning: forward (under autocast for the mixed precisions),
 backward (of the loss plus a compressive memory's reconstruction loss), gradient clipping by norm, AdamW, gradients set
 to None. The optimizer is fused, except under float16 autocast, where a GradScaler scales the loss and must unscale the
 gradients before they are clipped: there, as in the Lightning module, the foreach AdamW runs and the scaler skips

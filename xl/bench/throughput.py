@@ -24,7 +24,7 @@ from xl.bench.shared import CONFIG_S, cpu_model, median_rate
 from xl.model.attention import RelMultiHeadAttention
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.console import plain_text
+from xl.training.services.console import plain_text
 
 
 def train_rate(cfg: XLConfig, batch: int, tgt_len: int, steps: int, warmup: int, repeats: int) -> float:

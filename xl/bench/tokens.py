@@ -25,7 +25,7 @@ from xl.bench.shared import CONFIG_S, cpu_model, interleaved_rates, report_ratio
 from xl.memory.tokens import TokensConfig
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.console import plain_text
+from xl.training.services.console import plain_text
 
 MODES = ("train", "eval")
 

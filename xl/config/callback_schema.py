@@ -1,5 +1,5 @@
 """The schema of the ``callbacks`` and ``logger`` groups: one dataclass per callback and per logger, each naming its
-class (``_target_``) and the arguments ``conf/`` sets, with their bounds and help (:func:`xl.config.bounds.setting`).
+class (``_target_``) and the arguments ``conf/`` sets, with their bounds and help (:func:`xl.settings.bounds.setting`).
 
 Both groups are mappings (``~callbacks.X`` removes one callback, ``logger=csv`` chooses one logger);
 :data:`CALLBACKS` and :data:`LOGGERS` give the schema of each known entry, which :mod:`xl.config.schema` registers.
@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from xl.config.bounds import Bound, at_least, is_int, one_of, optional, setting
+from xl.settings.bounds import Bound, at_least, is_int, one_of, optional, setting
 
 
 @dataclass
 class ModelCheckpointSchema:
-    _target_: str = "xl.training.model_checkpoint.ModelCheckpoint"
+    _target_: str = "xl.training.checkpoints.model_checkpoint.ModelCheckpoint"
     dirpath: str = setting("${paths.output_dir}/checkpoints", help="where checkpoints go")
     filename: str = setting("step{step:07d}", help="the name of a kept checkpoint")
     monitor: str | None = setting("val/loss", help="the metric that ranks checkpoints; null: the latest")
@@ -42,27 +42,27 @@ class LearningRateMonitorSchema:
 @dataclass
 class ThroughputMonitorSchema:
     _target_: str = "lightning.pytorch.callbacks.ThroughputMonitor"
-    batch_size_fn: Any = setting(factory=lambda: {"_target_": "xl.training.module.batch_rows", "_partial_": True},
+    batch_size_fn: Any = setting(factory=lambda: {"_target_": "xl.training.loop.module.batch_rows", "_partial_": True},
                                  help="rows of a batch")
-    length_fn: Any = setting(factory=lambda: {"_target_": "xl.training.module.batch_tokens", "_partial_": True},
+    length_fn: Any = setting(factory=lambda: {"_target_": "xl.training.loop.module.batch_tokens", "_partial_": True},
                              help="tokens of a batch: throughput in tokens/s")
 
 
 @dataclass
 class ProgressBarSchema:
-    _target_: str = "xl.training.progress_bar.RunProgressBar"
+    _target_: str = "xl.training.services.progress_bar.RunProgressBar"
     refresh_rate: int = setting(10, bound=at_least(0), help="steps between updates; 0: off")
 
 
 @dataclass
 class PreemptionSchema:
-    _target_: str = "xl.training.callbacks.PreemptionCheckpoint"
+    _target_: str = "xl.training.services.callbacks.PreemptionCheckpoint"
     dirpath: str = setting("${paths.output_dir}/checkpoints", help="where SIGTERM's checkpoint goes")
 
 
 @dataclass
 class JobSummarySchema:
-    _target_: str = "xl.training.callbacks.JobSummary"
+    _target_: str = "xl.training.services.callbacks.JobSummary"
     path: str = setting("${paths.output_dir}/results.json", help="the run's results")
 
 
@@ -74,7 +74,7 @@ CALLBACKS = {"model_checkpoint": ModelCheckpointSchema, "lr_monitor": LearningRa
 
 @dataclass
 class WandbSchema:
-    _target_: str = "xl.training.loggers.WandbLogger"
+    _target_: str = "xl.training.services.loggers.WandbLogger"
     project: str = setting("xl", help="the W&B project")
     save_dir: str = setting("${paths.output_dir}", help="the run folder")
     offline: bool = setting(True, help="true: no account or network needed; wandb sync uploads later")
@@ -87,7 +87,7 @@ class WandbSchema:
 
 @dataclass
 class CSVLoggerSchema:
-    _target_: str = "xl.training.loggers.CSVLogger"
+    _target_: str = "xl.training.services.loggers.CSVLogger"
     save_dir: str = setting("${paths.output_dir}", help="the run folder")
     name: str = setting("csv", help="the subfolder")
     version: int | str | None = setting("", help="Lightning's")

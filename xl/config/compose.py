@@ -29,7 +29,7 @@ from xl.config.compose_errors import describe_error
 from xl.config.help import help_overrides, job_name, render_help
 from xl.config.rules import ConfigError, check_bounds
 from xl.config.schema import register
-from xl.memory import settings
+from xl.model import memory_settings
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -61,12 +61,12 @@ def compose(config_name: str, overrides: list[str] | tuple[str, ...] = ()) -> Di
 
 
 def type_memory(cfg: DictConfig) -> None:
-    """Type a training config's ``memory`` node by its variant (:func:`xl.memory.settings.typed`), or refuse a key or
-    value of the wrong kind in one sentence."""
+    """Type a training config's ``memory`` node by its variant (:func:`xl.model.memory_settings.typed`), or refuse a key
+    or value of the wrong kind in one sentence."""
     if "memory" in cfg and "_target_" in cfg.memory:
         try:
             with open_dict(cfg):
-                cfg.memory = settings.typed(cfg.memory)
+                cfg.memory = memory_settings.typed(cfg.memory)
         except ValueError as err:
             raise ConfigError(str(err)) from None
 
@@ -84,7 +84,7 @@ def warn_memory_under_experiment(overrides: list[str] | tuple[str, ...]) -> None
     with open_dict(own):
         own.pop("defaults", None)
     try:
-        own = settings.typed(own)
+        own = memory_settings.typed(own)
     except ValueError:
         return
     values = OmegaConf.load(path).get("memory") or {}
@@ -118,7 +118,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     setting refused before torch is imported is reported without importing it."""
     from xl.data import DataError
 
-    checkpoint = sys.modules.get("xl.training.checkpoint")
+    checkpoint = sys.modules.get("xl.training.checkpoints.checkpoint")
     return (ConfigError, DataError) + ((checkpoint.CheckpointError,) if checkpoint is not None else ())
 
 

@@ -24,7 +24,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from xl.config.bounds import TYPE_WORDS, describe_type
+from xl.settings.bounds import TYPE_WORDS, describe_type
 
 
 def expected_type(schema: Any, key: str) -> str | None:

@@ -10,7 +10,7 @@
 ``length`` and ``tasks`` replace ``data.length`` and ``data.tasks`` for the stage; ``steps`` is the stage's budget of
 optimizer steps; ``metric`` with ``below`` (or ``above``) ends it at the first validation whose value passes. A stage
 ends at the first validation where either holds; the last stage's end ends the training. :func:`check_curriculum`
-refuses a bad list in one sentence before any work; :mod:`xl.training.curriculum` runs it.
+refuses a bad list in one sentence before any work; :mod:`xl.training.loop.curriculum` runs it.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from xl.config.bounds import is_int, is_number
 from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
 from xl.data.babilong.lengths import is_length, parse_length
 from xl.data.babilong.tasks import TASKS
+from xl.settings.bounds import is_int, is_number
 
 KEYS = ("length", "tasks", "steps", "metric", "below", "above")
 DATA_KEYS = ("length", "tasks")  # the data settings a stage may change

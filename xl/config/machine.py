@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, open_dict
 
-from xl.config.bounds import is_int
-from xl.config.rules import ConfigError
-from xl.training import cpu
-from xl.training.headroom import NAMES, SETTINGS, GiB, verdict
+from xl.config.rules import ConfigError, model_values, vocabulary_bound
+from xl.device import cpu
+from xl.device.headroom import NAMES, SETTINGS, GiB, verdict
+from xl.model.config import XLConfig
+from xl.settings.bounds import is_int
 
 if TYPE_CHECKING:
-    from xl.training.footprint import RunFootprint
+    from xl.device.footprint import RunFootprint
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def uses_cuda(cfg: DictConfig) -> bool:
 
 def auto_precision(on_cpu: bool, flags: frozenset[str] | set[str]) -> tuple[str, str]:
     """What ``precision=auto`` trains in, and why: on a GPU, bf16 autocast where it has bf16 (Ampere on), else fp16 with
-    loss scaling; on a CPU whose ``flags`` (:func:`xl.training.cpu.cpu_flags`) say it multiplies bfloat16 in hardware,
+    loss scaling; on a CPU whose ``flags`` (:func:`xl.device.cpu.cpu_flags`) say it multiplies bfloat16 in hardware,
     bf16 autocast (faster there, the same held-out quality: docs/gpu.md), else float32."""
     import torch
 
@@ -77,8 +78,8 @@ def check_device(cfg: DictConfig) -> bool:
 
 def check_fits(footprint: RunFootprint, processes: int, available: int, where: str, warn: bool = True,
                lower: Callable[[], str | None] = lambda: None) -> None:
-    """Refuse a run whose estimate (xl.training.footprint's, for ``processes`` sharing the device) exceeds the device's
-    free memory, naming the setting to lower (``lower()``: :func:`xl.training.headroom.setting_to_lower`, asked only
+    """Refuse a run whose estimate (xl.device.footprint's, for ``processes`` sharing the device) exceeds the device's
+    free memory, naming the setting to lower (``lower()``: :func:`xl.device.headroom.setting_to_lower`, asked only
     then; else the settings of the largest part); warn when it is close."""
     judged = verdict(footprint, available, processes)
     if judged == "fits":
@@ -99,3 +100,19 @@ def processes_per_device(cfg: DictConfig) -> int:
     devices = cfg.trainer.devices
     return 1 if uses_cuda(cfg) else devices if is_int(devices) and devices > 0 else 1
 
+
+def run_estimate(cfg: Any, vocab_size: int | None = None) -> tuple[RunFootprint, int]:
+    """The estimate for one device of the training run a composed config describes, and how many processes share
+    that device's memory (:func:`processes_per_device`); ``vocab_size`` defaults to
+    :func:`xl.config.rules.vocabulary_bound`."""
+    from xl.device.footprint import PRECISION_BYTES, run_footprint  # (torch: the config package loads without it)
+
+    data, memory = cfg.data, cfg.memory
+    config = XLConfig.from_dict(model_values(cfg, vocab_size or vocabulary_bound(cfg)))
+    eval_batch = data.batch_size if data.eval_batch_size is None else data.eval_batch_size
+    eval_mem_len = memory.mem_len if memory.eval_mem_len is None else memory.eval_mem_len
+    precision = str(cfg.trainer.precision)
+    footprint = run_footprint(config, batch_size=data.batch_size, tgt_len=data.tgt_len, eval_batch_size=eval_batch,
+                              eval_mem_len=eval_mem_len, precision=precision if precision in PRECISION_BYTES
+                              else "32-true", grad_segments=memory.grad_segments)
+    return footprint, processes_per_device(cfg)

@@ -10,7 +10,6 @@ from typing import Any, get_type_hints
 
 from omegaconf import OmegaConf
 
-from xl.config.bounds import bound_of, describe_type, help_of
 from xl.config.callback_schema import CALLBACKS, LOGGERS
 from xl.config.schema import (
     SCHEMAS,
@@ -22,7 +21,8 @@ from xl.config.schema import (
     SourceDataSchema,
     TrainSchema,
 )
-from xl.memory.settings import MemorySettings, config_class
+from xl.model.memory_settings import MemorySettings, config_class
+from xl.settings.bounds import bound_of, describe_type, help_of
 
 BEGIN, END = "<!-- BEGIN GENERATED: python -m xl.config.reference -->", "<!-- END GENERATED -->"
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

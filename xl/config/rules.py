@@ -1,16 +1,16 @@
 """Every rule a config must satisfy, in one place, each broken rule one sentence naming the setting to change.
 
 :func:`check_config` checks a composed config once, before any work: the bounds the schemas declare beside each field
-(:mod:`xl.config.schema`, :mod:`xl.config.bounds`), keys added with ``+``, the rules between settings (the model's
+(:mod:`xl.config.schema`, :mod:`xl.settings.bounds`), keys added with ``+``, the rules between settings (the model's
 shape, the memory's variants, the compression rate, windows of ``grad_segments``) and those of the trainer, its
 callbacks and loggers (with the bounds, the strategy's name, which Lightning would refuse only when the trainer is
 built, over several sentences; :func:`check_trainer`: the arguments each ``_target_`` takes, a misspelt
 ``+trainer.X`` among them; the metric a callback monitors, which Lightning would refuse at the first validation, as
 a traceback; the compile backend) and the schedule's (:mod:`xl.config.schedule`: an endless training split, a
 curriculum's stages, a searching sweeper's objective). :mod:`xl.config.machine` adds what the machine allows. The
-model's own checks (:func:`check_model`, :func:`check_context`, :func:`check_adaptive`) serve
-:class:`xl.model.config.XLConfig` and the evaluation overrides of a checkpoint as well, so a Python user gets the same
-sentences.
+model's own checks live with the model (:func:`xl.model.config.check_model`), which applies them to every
+:class:`~xl.model.config.XLConfig` and to the evaluation overrides of a checkpoint, so a Python user gets the same
+sentences; here they run on a composed config's values, named as the user writes them.
 """
 
 from __future__ import annotations
@@ -19,17 +19,18 @@ import dataclasses
 import difflib
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.config.bounds import is_int, schema_bounds, shown
 from xl.config.schedule import check_schedule
 from xl.data.tokenizers import make_tokenizer
-from xl.memory import settings
-from xl.memory.settings import MEM_DTYPE_NAMES, MemoryConfig
+from xl.model import memory_settings
+from xl.model.config import check_model
+from xl.model.memory_settings import check_grad_segments
+from xl.settings.bounds import schema_bounds, shown
 
 log = logging.getLogger(__name__)
 
@@ -42,82 +43,8 @@ class ConfigError(ValueError):
     """A setting the user can fix; the message names it."""
 
 
-def xlconfig_key(name: str) -> str:
-    return f"XLConfig.{name}"
-
-
 def config_key(name: str) -> str:
     return f"{GROUP_OF_FIELD.get(name, 'model')}.{name}"
-
-
-# ---- the model ----------------------------------------------------------------------------------------------------
-def check_model(c: Any, key: Callable[[str], str] = xlconfig_key, fitted: bool = False) -> None:
-    """The model's fields (an :class:`XLConfig`, or anything with its attributes); ``key`` names a field in errors;
-    ``fitted``: the cutoffs are fitted to the data later, and the rules that count clusters wait for them."""
-    for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner"):
-        value = getattr(c, name)
-        if not is_int(value) or value < 1:
-            raise ValueError(f"{key(name)} must be a positive integer, got {value!r}")
-    if c.d_model % 2:
-        raise ValueError(f"{key('d_model')} must be even for sinusoidal positions, got {c.d_model}")
-    for name in ("dropout", "dropatt"):
-        value = getattr(c, name)
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"{key(name)} must be in [0, 1), got {value!r}")
-    check_context(c.mem_len, c.clamp_len, c.same_length)
-    cutoffs = list(c.cutoffs)
-    if any(not is_int(x) for x in cutoffs) or cutoffs != sorted(set(cutoffs)) or (
-            cutoffs and not 0 < cutoffs[0] <= cutoffs[-1] < c.vocab_size):
-        raise ValueError(f"{key('cutoffs')} must be strictly increasing integers between 0 and vocab_size "
-                         f"({c.vocab_size}), exclusive, got {cutoffs}")
-    if not is_int(c.div_val) or c.div_val < 1:
-        raise ValueError(f"{key('div_val')} must be a positive integer, got {c.div_val!r}")
-    check_adaptive(c, None if fitted else cutoffs, key)
-    if c.mem_dtype not in MEM_DTYPE_NAMES:
-        raise ValueError(f"{key('mem_dtype')} must be one of {sorted(MEM_DTYPE_NAMES)}, got {c.mem_dtype!r}")
-    memory = getattr(c, "memory", None)
-    if isinstance(memory, MemoryConfig):
-        memory.check_context(c.same_length)
-
-
-def check_adaptive(c: Any, cutoffs: list[int] | None, key: Callable[[str], str] = xlconfig_key) -> None:
-    """The adaptive input/softmax's widths, projections and tying (:mod:`xl.model.adaptive`); ``cutoffs`` None: not
-    known yet (fitted to the data later)."""
-    d_embed = c.d_model if c.d_embed is None else c.d_embed
-    if not is_int(d_embed) or d_embed < 1:
-        raise ValueError(f"{key('d_embed')} must be null (d_model) or a positive integer, got {c.d_embed!r}")
-    tie = c.tie_projs
-    if not isinstance(tie, bool) and (not isinstance(tie, (list, tuple)) or not all(isinstance(t, bool) for t in tie)
-                                      or (cutoffs is not None and len(tie) != len(cutoffs) + 1)):
-        clusters = "one per cluster" if cutoffs is None else f"{len(cutoffs) + 1}, one per cluster"
-        raise ValueError(f"{key('tie_projs')} must be true, false or a list of them ({clusters}), got {tie!r}")
-    if cutoffs is None:
-        return
-    if not cutoffs and (d_embed != c.d_model or c.proj_all):
-        what = f"{key('d_embed')}={d_embed}" if d_embed != c.d_model else f"{key('proj_all')}=true"
-        raise ValueError(f"{what} needs an adaptive input and softmax; set {key('cutoffs')} or leave it out")
-    if d_embed // c.div_val ** len(cutoffs) < 1:
-        raise ValueError(f"{key('div_val')}={c.div_val} leaves the last of {len(cutoffs) + 1} clusters with width 0 "
-                         f"({'d_model' if c.d_embed is None else 'd_embed'} {d_embed}); lower div_val or use fewer "
-                         "cutoffs")
-
-
-def check_context(mem_len: int, clamp_len: int, same_length: bool) -> None:
-    """The memory/attention context (also of an evaluation that overrides the checkpoint's)."""
-    if not isinstance(mem_len, int) or mem_len < 0:
-        raise ValueError(f"mem_len must be an integer >= 0, got {mem_len!r}")
-    if not isinstance(clamp_len, int) or clamp_len < -1 or clamp_len == 0:
-        raise ValueError(f"clamp_len must be -1 (off) or a positive integer, got {clamp_len!r}")
-    if same_length and mem_len == 0:
-        raise ValueError("same_length=True needs mem_len > 0: the attention window is mem_len keys wide")
-
-
-def check_grad_segments(grad_segments: Any) -> None:
-    """Windows of k segments: a positive integer (what carries the gradient is the memory's rule,
-    :meth:`xl.memory.settings.MemoryConfig.check_window`)."""
-    if not is_int(grad_segments) or grad_segments < 1:
-        raise ValueError(f"memory.grad_segments must be a positive integer (1: stop the gradient at every segment, "
-                         f"as Transformer-XL does), got {grad_segments!r}")
 
 
 # ---- the trainer, its callbacks and loggers ------------------------------------------------------------------
@@ -202,7 +129,7 @@ def check_monitors(callbacks: Any, tokenizer: str) -> None:
         monitor = node.get("monitor") if OmegaConf.is_dict(node) else None
         if monitor is None:
             continue
-        from xl.training.metrics import logged_metrics  # (torch: composing a config starts without it)
+        from xl.data.metrics import logged_metrics  # (torch: composing a config starts without it)
 
         names = logged_metrics(tokenizer)
         if monitor not in names:
@@ -235,7 +162,7 @@ def check_bounds(cfg: DictConfig) -> None:
 
 def check_added_keys(cfg: DictConfig) -> None:
     """Keys added with ``+`` to a group that takes only its schema's (model, optim; the memory's are its variant's,
-    :func:`xl.memory.settings.typed`)."""
+    :func:`xl.model.memory_settings.typed`)."""
     for group in ("model", "optim"):
         node = cfg[group]
         known = [f.name for f in dataclasses.fields(OmegaConf.get_type(node))]
@@ -245,7 +172,7 @@ def check_added_keys(cfg: DictConfig) -> None:
 
 
 def check_memory(cfg: DictConfig) -> None:
-    """The shared context, then the variant's own rules against it (:class:`xl.memory.settings.MemoryConfig`):
+    """The shared context, then the variant's own rules against it (:class:`xl.model.memory_settings.MemoryConfig`):
     same_length needs a memory (the attention window is mem_len keys wide, in training and in evaluation)."""
     memory = cfg.memory
     if memory.same_length and memory.mem_len == 0:
@@ -260,7 +187,7 @@ def check_memory(cfg: DictConfig) -> None:
                                                           "memory.eval_mem_len")}
     try:
         check_grad_segments(memory.grad_segments)
-        variant = settings.variant_config(memory, cfg)
+        variant = memory_settings.variant_config(memory, cfg)
         variant.check_context(memory.same_length or bool(eval_same))
         variant.check_window(memory.grad_segments, memory.mem_len)
         variant.check_lengths({key: length for key, length in lengths.items() if length is not None})
@@ -277,15 +204,15 @@ def model_values(cfg: DictConfig, vocab_size: int, fitted_cutoffs: list[int] | N
     memory = cfg.memory
     return {**model, "vocab_size": vocab_size, "mem_len": memory.mem_len, "clamp_len": memory.clamp_len,
             "same_length": memory.same_length, "mem_dtype": memory.mem_dtype,
-            "memory": settings.variant_config(memory, cfg).to_dict()}
+            "memory": memory_settings.variant_config(memory, cfg).to_dict()}
 
 
 def check_model_settings(values: Mapping[str, Any], fitted: bool = False) -> None:
-    """:func:`check_model` on a composed config's values, naming the keys as the user writes them; ``fitted``: the
-    cutoffs are the data's, not known yet."""
+    """:func:`xl.model.config.check_model` on a composed config's values, naming the keys as the user writes them;
+    ``fitted``: the cutoffs are the data's, not known yet."""
     try:
-        check_model(SimpleNamespace(**{**values, "memory": settings.from_dict(values.get("memory"))}), key=config_key,
-                    fitted=fitted)
+        memory = memory_settings.from_dict(values.get("memory"))
+        check_model(SimpleNamespace(**{**values, "memory": memory}), key=config_key, fitted=fitted)
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err)) from None
 
@@ -305,7 +232,7 @@ def check_config(cfg: DictConfig, shape: bool = True, trainer: bool = True) -> N
     rest before importing torch."""
     try:
         with open_dict(cfg):
-            cfg.memory = settings.typed(cfg.memory)  # (done already where xl.config.compose composed it)
+            cfg.memory = memory_settings.typed(cfg.memory)  # (done already where xl.config.compose composed it)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     check_added_keys(cfg)
@@ -327,7 +254,7 @@ def check_evaluate_config(cfg: DictConfig, model: Mapping[str, Any] | None = Non
     check_bounds(cfg)
     if cfg.per_document and cfg.vanilla:
         raise ConfigError("per_document=true reports the cached evaluation; set vanilla=false")
-    variant = settings.from_dict(model.get("memory")) if model is not None else None
+    variant = memory_settings.from_dict(model.get("memory")) if model is not None else None
     if variant is not None and cfg.vanilla and not variant.reads_afresh:
         raise ConfigError(f"vanilla=true reads each window afresh, but this model's {variant.name} memory is written "
                           "segment by segment; set vanilla=false")

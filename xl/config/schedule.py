@@ -9,14 +9,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from xl.config.bounds import is_int
 from xl.config.curriculum import check_curriculum
+from xl.settings.bounds import is_int
 
 
 def check_schedule(cfg: DictConfig) -> None:
     check_endless(cfg)
     if cfg.get("curriculum") is not None:
-        from xl.training.metrics import logged_metrics
+        from xl.data.metrics import logged_metrics
 
         check_curriculum(cfg, [m for m in logged_metrics(cfg.data.tokenizer) if m.startswith("val/")])
     check_sweep_objective(cfg)

@@ -4,8 +4,8 @@ Every group of ``conf/`` is checked against a dataclass below (those of the call
 :mod:`xl.config.callback_schema`), registered with Hydra's ConfigStore as ``<group>_schema`` (``conf/<group>/*.yaml``
 name it first in their defaults list, as ``/<group>_schema@_here_``), and the three primary configs against
 ``train_schema``, ``evaluate_schema`` and ``generate_schema``. The type stops a misspelt key or a value of the wrong
-type at composition; the bound beside it (:func:`xl.config.bounds.setting`) is checked by :mod:`xl.config.rules` before
-any work. :mod:`xl.config.reference` prints the tables of ``docs/configuration.md`` from these fields.
+type at composition; the bound beside it (:func:`xl.settings.bounds.setting`) is checked by :mod:`xl.config.rules`
+before any work. :mod:`xl.config.reference` prints the tables of ``docs/configuration.md`` from these fields.
 
 Importing ``xl`` registers the schemas, so composing ``conf/`` by hand (``hydra.compose``) finds them too.
 """
@@ -19,18 +19,28 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from xl.config.bounds import Bound, at_least, between, is_int, is_number, one_of, optional, setting
 from xl.config.callback_schema import CALLBACKS, LOGGERS
 from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
 from xl.data.babilong.lengths import is_length
 from xl.data.babilong.tasks import TASKS as BABILONG_TASKS
-from xl.memory.settings import CLAMP_OR_NULL, DOC_BOUNDARIES, MemorySettings
 from xl.model.config import XLConfig
-from xl.training.optim import OptimConfig
+from xl.model.memory_settings import CLAMP_OR_NULL, DOC_BOUNDARIES, MemorySettings
+from xl.settings.bounds import (
+    Bound,
+    above,
+    at_least,
+    between,
+    check_fields,
+    is_int,
+    is_number,
+    one_of,
+    optional,
+    setting,
+)
 
 OUTPUT_DIR = "${hydra:runtime.output_dir}"
 TOKENIZERS = ("byte", "char", "word", "bpe", "unigram")  # xl.data.tokenizers.TOKENIZERS (a test keeps them equal)
-# xl.training.footprint's, likewise
+# xl.device.footprint's, likewise
 PRECISIONS = ("64-true", "32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 STREAM = "stream"  # xl.data.babilong.generated.STREAM, likewise
@@ -147,6 +157,25 @@ class BabilongDataSchema(DataSchema):
                         help="answer: the answer's tokens only; all: every token")
 
 
+@dataclass
+class OptimConfig:
+    """``optim``: AdamW, linear warm-up then cosine decay to ``min_lr_ratio × lr``. The ``optim`` group's schema too
+    (the optimizer of :mod:`xl.training.loop.optim` takes it): each field's type, default, bound and help are declared
+    once, here."""
+
+    lr: float = setting(1e-3, bound=above(0), help="peak learning rate")
+    weight_decay: float = setting(0.0, bound=at_least(0, "a finite number"), help="AdamW's, on matrices only")
+    betas: list[float] = setting(factory=lambda: [0.9, 0.999], help="AdamW's", bound=Bound(
+        "two numbers in [0, 1)", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)))
+    eps: float = setting(1e-8, bound=above(0), help="AdamW's")
+    warmup_steps: int = setting(100, bound=at_least(0), help="linear warm-up")
+    min_lr_ratio: float = setting(0.0, bound=between(0, 1, high_open=False), help="the LR at the end, × lr")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "optim.")
+
+
+
 # ---- optimization and the trainer ---------------------------------------------------------------------------------
 @dataclass
 class TrainerSchema:
@@ -204,7 +233,7 @@ class TrainSchema:
     """``conf/config.yaml`` (``python train.py``): the groups, and the run's own keys."""
 
     model: ModelSchema = setting(factory=ModelSchema)
-    memory: Any = setting(MISSING)  # typed by its variant (xl.memory.settings.typed)
+    memory: Any = setting(MISSING)  # typed by its variant (xl.model.memory_settings.typed)
     data: Any = setting(MISSING)
     optim: OptimConfig = setting(factory=OptimConfig)
     trainer: TrainerSchema = setting(factory=TrainerSchema)
@@ -329,7 +358,7 @@ class ScoreSchema:
 # listed in ``--help``: each option file names its schema with an absolute path, ``/model_schema@_here_``.
 SCHEMAS: dict[str, Any] = {
     "model_schema": ModelSchema,
-    # The shared context as a plain node: a variant's own keys follow it (xl.memory.settings types the whole).
+    # The shared context as a plain node: a variant's own keys follow it (xl.model.memory_settings types the whole).
     "memory_schema": OmegaConf.to_container(OmegaConf.structured(MemorySettings)),
     "data_schema": SourceDataSchema,
     "data_files_schema": FilesDataSchema,

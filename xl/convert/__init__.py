@@ -3,9 +3,9 @@
 ``python -m xl.convert SRC OUT``: SRC is a local folder holding ``config.json``, ``model.safetensors`` or
 ``pytorch_model.bin`` and ``vocab.pkl`` or ``vocab.bin``, or a hub id (``transfo-xl/transfo-xl-wt103``) fetched with
 ``huggingface_hub`` where a network exists; or a folder or hub id that xl.export (or
-:meth:`xl.hub.PretrainedXL.save_pretrained`) wrote, read by :meth:`xl.hub.PretrainedXL.from_pretrained`. OUT becomes
-a run folder (:mod:`xl.training.run_folder`) that ``xl.evaluate``, ``xl.generate``, ``train.py init_from=…`` and
-:class:`xl.training.checkpoint.Checkpoint` read like one of ours::
+:meth:`xl.hub.PretrainedXL.save_pretrained`) wrote, read by :meth:`xl.hub.PretrainedXL.from_pretrained`. OUT becomes a
+run folder (:mod:`xl.training.checkpoints.run_folder`) that ``xl.evaluate``, ``xl.generate``, ``train.py init_from=…``
+and :class:`xl.training.checkpoints.checkpoint.Checkpoint` read like one of ours::
 
     OUT/checkpoints/last.ckpt   the model config, the weights, the vocabulary's fingerprint and text, provenance
     OUT/vocab.json              the word vocabulary (data.tokenizer=word data.tokenizer_file=OUT/vocab.json)
@@ -34,7 +34,7 @@ from xl.data.words import WordTokenizer, read_vocabulary
 from xl.hub import PretrainedXL
 from xl.hub.access import HubError
 from xl.hub.files import data_settings, is_pretrained_config
-from xl.training.run_folder import RunFolderError, check_new_folder, run_state, sha256, write_run_folder
+from xl.training.checkpoints.run_folder import RunFolderError, check_new_folder, run_state, sha256, write_run_folder
 
 __all__ = ["ConversionError", "HubError", "RunFolderError", "VocabularyError", "convert"]
 
@@ -48,7 +48,8 @@ def find_vocabulary(folder: Path) -> Path:
 
 def checkpoint_state(values: dict[str, Any], weights: dict[str, torch.Tensor], vocab_text: str,
                      provenance: dict[str, Any]) -> dict[str, Any]:
-    """The run folder's checkpoint (:func:`xl.training.run_folder.run_state`): the word tokenizer of the vocabulary,
+    """The run folder's checkpoint (:func:`xl.training.checkpoints.run_folder.run_state`): the word tokenizer of the
+    vocabulary,
     whose text the record keeps, and the source's own evaluation context (memory, clamp_len, same_length) as the
     evaluation defaults."""
     tokenizer = WordTokenizer(vocabulary=read_vocabulary(vocab_text, "the converted vocabulary"))

@@ -12,8 +12,8 @@ from xl.convert.fetch import FetchError
 from xl.convert.vocab import VocabularyError
 from xl.convert.weights import ConversionError
 from xl.hub.access import HubError
-from xl.training.console import plain_text
-from xl.training.run_folder import RunFolderError
+from xl.training.checkpoints.run_folder import RunFolderError
+from xl.training.services.console import plain_text
 
 
 def main(argv: list[str] | None = None) -> None:

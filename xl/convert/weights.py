@@ -24,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.torch_errors import load_failure
+from xl.training.checkpoints.torch_errors import load_failure
 
 LAYER_NORM_EPS = 1e-5  # torch's default, which this project's layer norms use
 # What transformers 4.57.6 (the last release with Transformer-XL) reads where config.json is silent: the arguments

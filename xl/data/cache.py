@@ -6,7 +6,7 @@ refused, never mixed. Each split has its ids (``<split>.npy``) and the offsets w
 (``<split>.docs.npy``, int64, sorted, from 0), both memory-mapped when read. A split where the tokenizer met text its
 vocabulary lacks (read as ``<unk>``, whose one table entry cannot say how many bytes each stands for) also has the UTF-8
 length of every position's text (``<split>.bytes.npy``, the smallest unsigned dtype that holds them), so that bits per
-byte count the real bytes and charge the spelling of each ``<unk>`` (:mod:`xl.training.metrics`); where the tokenizer's
+byte count the real bytes and charge the spelling of each ``<unk>`` (:mod:`xl.data.metrics`); where the tokenizer's
 per-id table is exact (a literal ``<unk>`` in the text included) there is no such file. A split whose source marks
 answer pieces (:mod:`xl.data.sources`) also has their token spans (``<split>.answers.npy``, int64 ``[n, 2]`` of start
 and end offsets, sorted). A cache is built in a private temporary folder (the fitted vocabulary and the ids it gave,

@@ -127,7 +127,7 @@ class SegmentDataModule(lightning.LightningDataModule):
     @property
     def unk_id(self) -> int | None:
         """The id of ``<unk>`` (char and word tokenizers), which bits per byte charge for the text it stands for
-        (:mod:`xl.training.metrics`); None for tokenizers that never give it."""
+        (:mod:`xl.data.metrics`); None for tokenizers that never give it."""
         return getattr(self.cache.tokenizer, "unk_id", None)
 
     def setup(self, stage: str | None = None) -> None:

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from xl.data.errors import DataError
+from xl.data.metrics import IGNORE_INDEX
 from xl.model.documents import Documents, stream_positions
-from xl.training.metrics import IGNORE_INDEX
 
 # (x, y), with the rows' Documents where the loader knows them, then the targets' UTF-8 lengths where it has them
 Batch = tuple[torch.Tensor | Documents, ...]

@@ -5,7 +5,7 @@
 ``map``; subwords go through Hugging Face ``tokenizers`` in parallel) because it runs over corpora of 100M
 symbols. ``encode(text, unknown)`` adds out-of-vocabulary symbols to ``unknown`` so the caller can report them.
 ``token_bytes()`` gives each id's length in UTF-8 bytes of the original text, so that every tokenizer's loss
-can also be read as bits per byte (``xl.training.metrics``). ``ranked``: ids are ordered by training frequency, as an
+can also be read as bits per byte (``xl.data.metrics``). ``ranked``: ids are ordered by training frequency, as an
 adaptive softmax's clusters need (:func:`default_cutoffs`).
 """
 
@@ -115,7 +115,7 @@ class CharTokenizer:
         ``<unk>`` stands for every character the training split lacks, whatever its own UTF-8 length (1 to 4
         bytes), so one length per id cannot count it: the token cache keeps, for a split that has ``<unk>``, the
         real length of each position (:meth:`unknown_bytes`); bits per byte count those, and charge 8 bits for
-        each byte of an ``<unk>`` (:mod:`xl.training.metrics`).
+        each byte of an ``<unk>`` (:mod:`xl.data.metrics`).
         """
         return np.array([len(c.encode("utf-8")) for c in self.chars] + [1], dtype=np.int64)
 

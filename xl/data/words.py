@@ -151,7 +151,7 @@ class WordTokenizer:
         newline, ``<unk>`` the literal ``<unk>`` and its separator (what WikiText writes for the words it replaced).
         A word that this vocabulary lacks counts its own bytes and separator instead: the token cache keeps, for a
         split that has such words, the length of each position (:meth:`unknown_bytes`); bits per byte count those,
-        and charge 8 bits for each byte of every ``<unk>`` of that split (:mod:`xl.training.metrics`).
+        and charge 8 bits for each byte of every ``<unk>`` of that split (:mod:`xl.data.metrics`).
 
         The sum over a split equals its bytes when each word is followed by exactly one space, the last of a line
         included (``"a b c \\n"``: 7 bytes); a line ending without that space (``"a b c\\n"``) counts one byte more,

@@ -12,8 +12,8 @@ huggingface_hub's ``PyTorchModelHubMixin``: ``save_pretrained(folder)``, ``Pretr
 weight's name and shape, and checks the tokenizer file against the fingerprint config.json records. A config.json that
 another project wrote is refused in one sentence, and so is a hub call that cannot succeed (``HF_HUB_OFFLINE`` set, or
 the endpoint out of reach), at once rather than after huggingface_hub's retries. :meth:`PretrainedXL.to_run` writes a
-run folder (:mod:`xl.training.run_folder`) that ``train.py init_from=…`` fine-tunes from (``python -m xl.convert`` calls
-it).
+run folder (:mod:`xl.training.checkpoints.run_folder`) that ``train.py init_from=…`` fine-tunes from (``python -m
+xl.convert`` calls it).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from xl.hub.files import (
 )
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.checkpoint import Checkpoint
-from xl.training.run_folder import run_state, sha256, write_run_folder
+from xl.training.checkpoints.checkpoint import Checkpoint
+from xl.training.checkpoints.run_folder import run_state, sha256, write_run_folder
 
 
 def model_file(model_id: str, name: str, **hub: Any) -> Path:
@@ -176,9 +176,9 @@ class PretrainedXL(TransformerXL, PyTorchModelHubMixin):
 
     # -- back into a run folder
     def to_run(self, out: Path, origin: str) -> Path:
-        """Write the run folder OUT (checked new by :func:`xl.training.run_folder.check_new_folder`) that ``train.py
-        init_from=OUT`` fine-tunes from: the model loaded from the files of a shared model, with its tokenizer file
-        copied as it is (a run reading it records the fingerprint config.json gives)."""
+        """Write the run folder OUT (checked new by :func:`xl.training.checkpoints.run_folder.check_new_folder`) that
+        ``train.py init_from=OUT`` fine-tunes from: the model loaded from the files of a shared model, with its
+        tokenizer file copied as it is (a run reading it records the fingerprint config.json gives)."""
         if not self.files:
             raise HubError("to_run writes a run folder for a model that from_pretrained read")
         provenance = {"source": origin, "files": {f.name: sha256(f) for f in self.files},

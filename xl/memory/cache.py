@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from xl.memory.base import Context, Memory, Segment, Size, Update
-from xl.memory.eviction import leaving
-from xl.memory.settings import MemoryConfig
+from xl.model.eviction import leaving
+from xl.model.memory import Context, Memory, Segment, Size, Update
+from xl.model.memory_settings import MemoryConfig
 
 if TYPE_CHECKING:
     from xl.model.config import XLConfig

@@ -4,7 +4,7 @@ Per layer, the states that leave the memory are compressed ``rate`` to 1 (:class
 a compressed memory of ``cmem_len`` slots, oldest dropped. A layer attends over ``compressed ∘ memory ∘ segment`` as
 over one longer key sequence, distances counted in slots.
 
-States leave in whole groups of ``rate`` (:func:`xl.memory.eviction.leaving`): those beyond ``mem_len`` are grouped
+States leave in whole groups of ``rate`` (:func:`xl.model.eviction.leaving`): those beyond ``mem_len`` are grouped
 oldest first, counted from the stream's start, and up to ``rate - 1`` of them wait in the memory, visible as ordinary
 positions, until their group is complete. No group is ever padded, so the memory after any text is the same whatever
 segments it was read in, and the one-token decoder keeps exactly the forward pass's memory. With segments and a
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from xl.config.bounds import at_least, one_of, setting
-from xl.memory.base import Context, Memory, Segment, Size, Slots, Update
 from xl.memory.compressor import COMPRESSION_FNS, Compressor, reconstruction_loss
-from xl.memory.eviction import leaving
-from xl.memory.settings import MemoryConfig
+from xl.model.eviction import leaving
+from xl.model.memory import Context, Memory, Segment, Size, Slots, Update
+from xl.model.memory_settings import MemoryConfig
+from xl.settings.bounds import at_least, one_of, setting
 
 if TYPE_CHECKING:
     from xl.model.config import XLConfig

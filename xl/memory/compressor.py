@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from xl.memory.base import Layers
+    from xl.model.memory import Layers
 
 COMPRESSION_FNS = ("mean", "conv")
 

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from xl.config.rules import check_context
-from xl.memory.base import Context, Segment, Size, Update
 from xl.memory.tokens import TokenMemory, TokensConfig
+from xl.model.config import check_context
 from xl.model.documents import Documents
+from xl.model.memory import Context, Segment, Size, Update
 
 if TYPE_CHECKING:
     from xl.model.config import XLConfig

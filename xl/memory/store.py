@@ -6,7 +6,7 @@
 - :meth:`MemoryStore.pack` / :meth:`MemoryStore.unpack` move the training memory of every rank in and out of a
   checkpoint (only rank 0 writes the file, so the ranks' rows are gathered first).
 
-A state is a list of tensors with the batch rows first whatever the memory variant (:mod:`xl.memory.base`): cached
+A state is a list of tensors with the batch rows first whatever the memory variant (:mod:`xl.model.memory`): cached
 states [B, ·, d], or tensors of any other shape and dtype (a retrieval store's keys [B, H, N, D], its int64 counts
 [B]); the store serves all.
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from xl.memory.base import KV
+from xl.model.memory import KV
 
 STAGES = ("train", "val", "test", "predict")
 def nbytes(tensors: list[Tensor] | KV | None) -> int:

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xl.config.rules import check_context
-from xl.memory.eviction import leaving
+from xl.model.config import check_context
 from xl.model.decoding import NO_DOCUMENT_START
 from xl.model.documents import Documents, positions
+from xl.model.eviction import leaving
 from xl.model.positions import relative_embeddings
 
 if TYPE_CHECKING:

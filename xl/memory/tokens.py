@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from xl.config.bounds import at_least, setting
-from xl.memory.base import Context, Memory, Segment, Size, Update
 from xl.memory.cache import CacheMemory
-from xl.memory.eviction import leaving
-from xl.memory.settings import MemoryConfig
 from xl.model.documents import Documents
+from xl.model.eviction import leaving
+from xl.model.memory import Context, Memory, Segment, Size, Update
+from xl.model.memory_settings import MemoryConfig
+from xl.settings.bounds import at_least, setting
 
 if TYPE_CHECKING:
     from collections.abc import Callable

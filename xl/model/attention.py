@@ -11,7 +11,7 @@ matrix, shifted so that each query sees its distance to every key, and handed to
 additive mask together with the causal mask. Training on CPU, where SDPA has no kernel that returns
 that mask's gradient, runs the same math through :class:`TrainingAttentionCPU` instead.
 
-A memory may extend a layer's attention (:attr:`xl.memory.base.Context.extend`): a function ``(queries, local) ->
+A memory may extend a layer's attention (:attr:`xl.model.memory.Context.extend`): a function ``(queries, local) ->
 heads``, all [B, H, L, D], called with the content queries before Transformer-XL's biases and the local attention's
 heads, whose result replaces those heads before the output projection. It runs after the local attention in every
 path (the CPU training attention, SDPA, :meth:`RelMultiHeadAttention.decode_one`), under autograd.

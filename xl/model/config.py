@@ -1,14 +1,16 @@
-"""The model's settings (:class:`XLConfig`), checked by :mod:`xl.config.rules` when made; imports nothing from
-:mod:`xl.model.transformer`, so config code can use them without loading the model."""
+"""The model's settings (:class:`XLConfig`) and their rules (:func:`check_model`, :func:`check_context`), checked when
+a config is made; imports nothing from :mod:`xl.model.transformer`, so config code can use them without loading the
+model."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from xl.config.rules import check_model
-from xl.memory import settings
-from xl.memory.settings import MemoryConfig
+from xl.model import memory_settings
+from xl.model.memory_settings import MEM_DTYPE_NAMES, MemoryConfig
+from xl.settings.bounds import is_int
 
 if TYPE_CHECKING:
     import torch
@@ -47,17 +49,17 @@ class XLConfig:
     # later segment). "bfloat16"/"float16" round the cached states, halving the cache. (bf16-true computes bf16
     # states.)
     mem_dtype: str = "float32"
-    # The memory variant and its own settings (xl.memory.settings): the plain cache by default. A mapping (a
+    # The memory variant and its own settings (xl.model.memory_settings): the plain cache by default. A mapping (a
     # checkpoint's record, with its _target_) is read into the variant's config.
-    memory: MemoryConfig = field(default_factory=lambda: settings.from_dict(None))
+    memory: MemoryConfig = field(default_factory=lambda: memory_settings.from_dict(None))
 
     def __post_init__(self) -> None:
         self.cutoffs = tuple(self.cutoffs)
         if isinstance(self.tie_projs, (list, tuple)):
             self.tie_projs = tuple(self.tie_projs)
         if not isinstance(self.memory, MemoryConfig):
-            self.memory = settings.from_dict(self.memory)
-        check_model(self)  # the rules, with every other config rule, live in xl.config.rules
+            self.memory = memory_settings.from_dict(self.memory)
+        check_model(self)
 
     def memory_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:
         """The dtype the cache is stored in when the layer states are ``compute_dtype``."""
@@ -76,3 +78,67 @@ class XLConfig:
             raise ValueError(f"unknown XLConfig field(s) {unknown}; valid fields are {sorted(known)}")
         return cls(**values)
 
+
+def xlconfig_key(name: str) -> str:
+    return f"XLConfig.{name}"
+
+
+def check_model(c: Any, key: Callable[[str], str] = xlconfig_key, fitted: bool = False) -> None:
+    """The model's fields (an :class:`XLConfig`, or anything with its attributes); ``key`` names a field in errors;
+    ``fitted``: the cutoffs are fitted to the data later, and the rules that count clusters wait for them."""
+    for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner"):
+        value = getattr(c, name)
+        if not is_int(value) or value < 1:
+            raise ValueError(f"{key(name)} must be a positive integer, got {value!r}")
+    if c.d_model % 2:
+        raise ValueError(f"{key('d_model')} must be even for sinusoidal positions, got {c.d_model}")
+    for name in ("dropout", "dropatt"):
+        value = getattr(c, name)
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"{key(name)} must be in [0, 1), got {value!r}")
+    check_context(c.mem_len, c.clamp_len, c.same_length)
+    cutoffs = list(c.cutoffs)
+    if any(not is_int(x) for x in cutoffs) or cutoffs != sorted(set(cutoffs)) or (
+            cutoffs and not 0 < cutoffs[0] <= cutoffs[-1] < c.vocab_size):
+        raise ValueError(f"{key('cutoffs')} must be strictly increasing integers between 0 and vocab_size "
+                         f"({c.vocab_size}), exclusive, got {cutoffs}")
+    if not is_int(c.div_val) or c.div_val < 1:
+        raise ValueError(f"{key('div_val')} must be a positive integer, got {c.div_val!r}")
+    check_adaptive(c, None if fitted else cutoffs, key)
+    if c.mem_dtype not in MEM_DTYPE_NAMES:
+        raise ValueError(f"{key('mem_dtype')} must be one of {sorted(MEM_DTYPE_NAMES)}, got {c.mem_dtype!r}")
+    memory = getattr(c, "memory", None)
+    if isinstance(memory, MemoryConfig):
+        memory.check_context(c.same_length)
+
+
+def check_adaptive(c: Any, cutoffs: list[int] | None, key: Callable[[str], str] = xlconfig_key) -> None:
+    """The adaptive input/softmax's widths, projections and tying (:mod:`xl.model.adaptive`); ``cutoffs`` None: not
+    known yet (fitted to the data later)."""
+    d_embed = c.d_model if c.d_embed is None else c.d_embed
+    if not is_int(d_embed) or d_embed < 1:
+        raise ValueError(f"{key('d_embed')} must be null (d_model) or a positive integer, got {c.d_embed!r}")
+    tie = c.tie_projs
+    if not isinstance(tie, bool) and (not isinstance(tie, (list, tuple)) or not all(isinstance(t, bool) for t in tie)
+                                      or (cutoffs is not None and len(tie) != len(cutoffs) + 1)):
+        clusters = "one per cluster" if cutoffs is None else f"{len(cutoffs) + 1}, one per cluster"
+        raise ValueError(f"{key('tie_projs')} must be true, false or a list of them ({clusters}), got {tie!r}")
+    if cutoffs is None:
+        return
+    if not cutoffs and (d_embed != c.d_model or c.proj_all):
+        what = f"{key('d_embed')}={d_embed}" if d_embed != c.d_model else f"{key('proj_all')}=true"
+        raise ValueError(f"{what} needs an adaptive input and softmax; set {key('cutoffs')} or leave it out")
+    if d_embed // c.div_val ** len(cutoffs) < 1:
+        raise ValueError(f"{key('div_val')}={c.div_val} leaves the last of {len(cutoffs) + 1} clusters with width 0 "
+                         f"({'d_model' if c.d_embed is None else 'd_embed'} {d_embed}); lower div_val or use fewer "
+                         "cutoffs")
+
+
+def check_context(mem_len: int, clamp_len: int, same_length: bool) -> None:
+    """The memory/attention context (also of an evaluation that overrides the checkpoint's)."""
+    if not isinstance(mem_len, int) or mem_len < 0:
+        raise ValueError(f"mem_len must be an integer >= 0, got {mem_len!r}")
+    if not isinstance(clamp_len, int) or clamp_len < -1 or clamp_len == 0:
+        raise ValueError(f"clamp_len must be -1 (off) or a positive integer, got {clamp_len!r}")
+    if same_length and mem_len == 0:
+        raise ValueError("same_length=True needs mem_len > 0: the attention window is mem_len keys wide")

@@ -14,7 +14,7 @@ relative term, Dai et al., 2019, section 3.3), so the projected keys and values 
 valid as the window slides, and the projected embeddings of distances 0 … window are the same at every
 step. Both are computed once, unlike the 2019 code, which re-projects the whole window for every token.
 
-The memory's rule decides what leaves the window (:func:`xl.memory.eviction.leaving`, the forward pass's rule too):
+The memory's rule decides what leaves the window (:func:`xl.model.eviction.leaving`, the forward pass's rule too):
 the states beyond it, in whole groups of the memory's rate. A memory that keeps slots (the compressive memory,
 :mod:`xl.memory.compressive`) compresses each group that leaves into one slot (at most ``slot_len``, oldest
 dropped), whose keys and values are projected once, when the slot is made; a token attends over ``slots ∘ memory ∘
@@ -39,9 +39,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xl.config.rules import check_context
-from xl.memory.eviction import leaving
+from xl.model.config import check_context
 from xl.model.documents import Documents, key_offsets, positions
+from xl.model.eviction import leaving
 from xl.model.positions import relative_embeddings
 
 if TYPE_CHECKING:

@@ -65,7 +65,7 @@ def split_batch(batch: tuple | list) -> tuple[Tensor, Tensor | None, Documents |
 def target_bytes(batch: tuple | list) -> Tensor | None:
     """The targets' UTF-8 lengths ``[B, L]`` that end a batch of a split where the tokenizer met text its vocabulary
     lacks (an ``<unk>`` target: the text it stands for), or None: the tokenizer's per-id table counts the targets
-    (:class:`xl.training.metrics.LMMetrics`, which also charges the spelling of each ``<unk>`` of such a split)."""
+    (:class:`xl.data.metrics.LMMetrics`, which also charges the spelling of each ``<unk>`` of such a split)."""
     return batch[-1] if len(batch) > 2 and isinstance(batch[-1], Tensor) else None
 
 

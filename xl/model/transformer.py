@@ -18,19 +18,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xl.config.rules import check_context
-from xl.memory.base import Segment
 from xl.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.model.attention import RelMultiHeadAttention
-from xl.model.config import XLConfig
+from xl.model.config import XLConfig, check_context
 from xl.model.documents import Documents
 from xl.model.dropout import Dropout
 from xl.model.layers import XLLayer
+from xl.model.memory import Segment
 from xl.model.positions import attention_mask, sinusoid
 
 if TYPE_CHECKING:
-    from xl.memory.base import Context
     from xl.model.decoding import IncrementalDecoder
+    from xl.model.memory import Context
 
 CONTEXT_CACHE_SIZE = 16  # position tables and masks kept per model, least recently used dropped first
 
@@ -46,7 +45,7 @@ class XLOutput:
 
 
 class LayerView:
-    """What a memory may ask of the model's layers (:class:`xl.memory.base.Layers`), without being handed them."""
+    """What a memory may ask of the model's layers (:class:`xl.model.memory.Layers`), without being handed them."""
 
     def __init__(self, layers: nn.ModuleList, final_norm: nn.Module | None = None) -> None:
         self._layers = layers
@@ -240,7 +239,7 @@ class TransformerXL(nn.Module):
         # A memory stored rounded (mem_dtype) must be seen by the next segment through keys/values of the rounded
         # states, as it would be without the cache: those are projected from the new memory, not sliced from here.
         slice_kv = cache_kv and mem_dtype == h.dtype
-        # The memory's extensions of the layers' attention (xl.memory.base.Context.extend), given this segment's
+        # The memory's extensions of the layers' attention (xl.model.memory.Context.extend), given this segment's
         # documents.
         extend = [None if e is None else functools.partial(e, documents=documents)
                   for e in context.extend] if context.extend else [None] * cfg.n_layer

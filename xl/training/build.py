@@ -24,22 +24,22 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.plugins import CheckpointIO
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.config.machine import check_device, uses_cuda
+from xl.config.machine import check_device, run_estimate, uses_cuda
 from xl.config.machine import check_fits as check_estimate
-from xl.config.rules import ConfigError, check_config, config_key, model_values
+from xl.config.rules import ConfigError, check_config, config_key, model_values, vocabulary_bound
 from xl.data import DataError
+from xl.data.metrics import FALLBACK_BITS
+from xl.device.footprint import available_memory
+from xl.device.headroom import setting_to_lower
 from xl.memory.store import packed_size
 from xl.model.config import XLConfig
-from xl.training.checkpoint import XL_KEY, Checkpoint, CheckpointError, check_compatible
-from xl.training.checkpoint_io import AtomicCheckpointIO
-from xl.training.console import TRAINER_DEFAULTS
-from xl.training.curriculum import Curriculum, CurriculumDataModule
-from xl.training.footprint import available_memory, run_estimate, vocabulary_bound
-from xl.training.headroom import setting_to_lower
-from xl.training.init_from import check_data, load_weights, start_from
-from xl.training.metrics import FALLBACK_BITS
-from xl.training.module import XLLitModule
-from xl.training.resume import Resume
+from xl.training.checkpoints.checkpoint import XL_KEY, Checkpoint, CheckpointError, check_compatible
+from xl.training.checkpoints.checkpoint_io import AtomicCheckpointIO
+from xl.training.checkpoints.init_from import check_data, load_weights, start_from
+from xl.training.checkpoints.resume import Resume
+from xl.training.loop.curriculum import Curriculum, CurriculumDataModule
+from xl.training.loop.module import XLLitModule
+from xl.training.services.console import TRAINER_DEFAULTS
 
 log = logging.getLogger(__name__)
 # Kept importable from here for the entry points and tests.
@@ -79,7 +79,7 @@ def model_error(err: Exception) -> ConfigError:
 
 
 def check_fits(cfg: DictConfig, vocab_size: int | None = None, warn: bool = True) -> None:
-    """Refuse a run whose estimate (xl.training.footprint) exceeds the device's free memory, naming the setting; warn
+    """Refuse a run whose estimate (xl.device.footprint) exceeds the device's free memory, naming the setting; warn
     when it is close (:func:`xl.config.machine.check_fits`)."""
     try:
         footprint, processes = run_estimate(cfg, vocab_size)
@@ -207,9 +207,10 @@ def build_callbacks(cfg: DictConfig, with_logger: bool = True) -> list[Any]:
 
 
 def make_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None, **kwargs: Any) -> L.Trainer:
-    """The trainer group's Trainer (``kwargs``: its loggers and callbacks), quiet (xl/training/console.py) and writing
-    its checkpoints with :class:`xl.training.checkpoint_io.AtomicCheckpointIO` (``preloaded``: a checkpoint already
-    read, which Lightning is handed instead of reading it again): every entry point builds its Trainer here."""
+    """The trainer group's Trainer (``kwargs``: its loggers and callbacks), quiet (xl/training/services/console.py) and
+    writing its checkpoints with :class:`xl.training.checkpoints.checkpoint_io.AtomicCheckpointIO` (``preloaded``: a
+    checkpoint already read, which Lightning is handed instead of reading it again): every entry point builds its
+    Trainer here."""
     quiet = {k: v for k, v in TRAINER_DEFAULTS.items() if k not in cfg.trainer}
     plugins = [build(p, "trainer.plugins") for p in cfg.trainer.get("plugins") or []]
     if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -224,7 +225,7 @@ def build_trainer(cfg: DictConfig, preloaded: Checkpoint | None = None, resumed:
     loggers = build_loggers(cfg)
     resumed = resumed or preloaded
     for logger in loggers if resumed is not None else []:
-        if hasattr(logger, "continue_from"):  # xl.training.loggers
+        if hasattr(logger, "continue_from"):  # xl.training.services.loggers
             logger.continue_from(resumed.global_step or 0, (resumed.state.get(XL_KEY) or {}).get("step_row"))
     callbacks, stages = build_callbacks(cfg, bool(loggers)), {}
     if cfg.get("curriculum") is not None:  # a new stage's loaders take effect at the next epoch

@@ -1,9 +1,9 @@
 """What ``python -m xl.evaluate`` reports: the printed table, ``results.json`` in its output folder, and W&B.
 
-``results.json`` holds the checkpoint and its run, the corpus scored, the evaluation context and every metric, in
-the form a training job's ``results.json`` has (:mod:`xl.training.sweep` gathers both): an ``-m`` sweep over evaluation
-settings ends with the same summary table and plot as a training sweep. W&B: into the evaluated run's own W&B run
-when its folder records the id (resumed offline; metrics under ``evaluate/``, at the checkpoint's step, and one
+``results.json`` holds the checkpoint and its run, the corpus scored, the evaluation context and every metric, in the
+form a training job's ``results.json`` has (:mod:`xl.training.services.sweep` gathers both): an ``-m`` sweep over
+evaluation settings ends with the same summary table and plot as a training sweep. W&B: into the evaluated run's own W&B
+run when its folder records the id (resumed offline; metrics under ``evaluate/``, at the checkpoint's step, and one
 table row of context and metrics), else into a new run of job type ``evaluate``.
 
 ``results.json`` is written again as each split finishes, with ``"complete": false`` until the last one: an
@@ -19,14 +19,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from xl.memory import settings
+from xl.device.footprint import memory_bytes
+from xl.model import memory_settings
 from xl.model.documents import bucket_names
 from xl.training.build import build, run_identity
-from xl.training.callbacks import write_json
-from xl.training.console import quiet_wandb
-from xl.training.footprint import memory_bytes
 from xl.training.runs import recorded_wandb_id, run_setting
-from xl.training.sweep import RESULTS_FILE
+from xl.training.services.callbacks import write_json
+from xl.training.services.console import quiet_wandb
+from xl.training.services.sweep import RESULTS_FILE
 
 
 def scored_corpus(datamodule: Any, splits: list[str]) -> dict[str, str]:
@@ -52,7 +52,7 @@ def describe(module: Any, path: str, step: int, datamodule: Any, corpus: dict[st
 
 def format_table(results: dict[str, dict[str, float]], unit: str) -> str:
     """Loss, the tokenizer's own figure, bits per byte (the figure that compares across tokenizers) and, for a
-    tokenizer with ``<unk>``, the share of the bytes spelled by its fallback (:mod:`xl.training.metrics`) per split."""
+    tokenizer with ``<unk>``, the share of the bytes spelled by its fallback (:mod:`xl.data.metrics`) per split."""
     figures = list(dict.fromkeys([unit, "bpb"]))
     if any(f"{split}/unk_share" in m for split, m in results.items()):
         figures.append("unk_share")
@@ -90,7 +90,7 @@ def record(module: Any, datamodule: Any, results: dict[str, dict[str, float]], c
     values: dict[str, Any] = {
         "ckpt": checkpoint["path"], "step": checkpoint["step"], "run": checkpoint["run"], "corpus": corpus,
         "run_data": run_data, "complete": complete, "mem_len": cfg.mem_len, "eval_mem_len": c["mem_len"],
-        "clamp_len": c["clamp_len"], "same_length": c["same_length"], "memory": settings.describe(cfg.memory),
+        "clamp_len": c["clamp_len"], "same_length": c["same_length"], "memory": memory_settings.describe(cfg.memory),
         "doc_boundaries": module.doc_boundaries, "scored": getattr(datamodule, "scored", "every token"),
         "warmup": module.warmup, "vanilla": module.attn_len is not None,
         "attn_len": module.attn_len, "tgt_len": datamodule.eval_tgt_len, "batch_size": datamodule.eval_batch_size,

@@ -13,9 +13,9 @@ from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from xl.training import run_lock
+from xl.training.checkpoints import run_lock
 from xl.training.runs import holds_run, requeued, resumes
-from xl.training.sweep import RESULTS_FILE, write_summary
+from xl.training.services.sweep import RESULTS_FILE, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +44,9 @@ class CheckOutputDir(Callback):
 class ClaimRunFolder(CheckOutputDir):
     """``python train.py``: a run folder holds one run, written by one launch at a time.
 
-    Before Hydra writes into the folder, the launch's rank 0 locks it (:mod:`xl.training.run_lock`; a second process
-    is refused) and refuses a new run into a folder that holds another run's checkpoints: a resume or a requeue of
-    that run continues it, and ``overwrite=true`` empties the folder first. Under ``-m`` the same holds for the sweep
+    Before Hydra writes into the folder, the launch's rank 0 locks it (:mod:`xl.training.checkpoints.run_lock`; a second
+    process is refused) and refuses a new run into a folder that holds another run's checkpoints: a resume or a requeue
+    of that run continues it, and ``overwrite=true`` empties the folder first. Under ``-m`` the same holds for the sweep
     folder: the jobs' folders of an earlier sweep are refused, or removed with ``overwrite=true``. The lock is given
     back when the command ends (``xl.train.main``) or its process dies.
     """
@@ -122,7 +122,7 @@ class FinishWandbRun(Callback):
     """
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        """The job's status is the W&B run's (a run a stop ended is already finished: xl.training.stops)."""
+        """The job's status is the W&B run's (a run a stop ended is already finished: xl.training.services.stops)."""
         wandb = sys.modules.get("wandb")  # imported only if the job logged to W&B
         if wandb is not None and wandb.run is not None:
             failed = getattr(job_return, "status", None) == JobStatus.FAILED
@@ -130,7 +130,8 @@ class FinishWandbRun(Callback):
 
 
 class SweepSummary(Callback):
-    """After ``-m``: the jobs' results as summary.csv/.md/.png in the sweep folder, and to W&B (see xl.training.sweep).
+    """After ``-m``: the jobs' results as summary.csv/.md/.png in the sweep folder, and to W&B (see
+    xl.training.services.sweep).
     """
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -142,7 +143,7 @@ class SweepSummary(Callback):
         if not rows:
             log.warning("sweep summary: no job folders under %s", sweep_dir)
         elif not any("mem_len" in row for row in rows):
-            log.warning("sweep summary: no job wrote %s; add xl.training.callbacks.JobSummary to the callbacks group",
-                        RESULTS_FILE)
+            log.warning("sweep summary: no job wrote %s; add xl.training.services.callbacks.JobSummary to the "
+                        "callbacks group", RESULTS_FILE)
         else:
             log.info("sweep summary: %s", sweep_dir / "summary.md")

@@ -24,11 +24,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.rules import ConfigError
-from xl.training.run_files import CONFIG, HYDRA, OVERRIDES, find_run_folder  # noqa: F401 (read from here too)
+from xl.training.checkpoints.run_files import CONFIG, HYDRA, OVERRIDES, find_run_folder  # noqa: F401 (read from here too)
 
 if TYPE_CHECKING:  # the checkpoint code imports torch, which train.py's start (continue_run) goes without
     from xl.model.transformer import TransformerXL
-    from xl.training.checkpoint import Checkpoint
+    from xl.training.checkpoints.checkpoint import Checkpoint
 
 WANDB_ID = "wandb_id"
 # Data settings that are paths: made absolute against the folder the run's command ran in.
@@ -96,7 +96,7 @@ def use_run_data(cfg: DictConfig, ckpt: str, setting: str = "ckpt") -> str | Non
     """With ``data=run`` (the default of evaluation and generation), put the run's data settings into ``cfg.data``
     with the keys set on the command line (``data.eval_tgt_len=64``) on top; returns the run folder, or None when
     the command names other data. A checkpoint outside its run folder has no recorded settings to read."""
-    from xl.training.checkpoint import existing_path
+    from xl.training.checkpoints.checkpoint import existing_path
 
     if not cfg.data.get("from_run"):
         return None
@@ -187,7 +187,7 @@ def continue_run(argv: list[str]) -> list[str]:
     folder = find_run_folder(str(ckpt))
     if folder is None:
         return argv
-    from xl.training.checkpoint import CheckpointError  # (imports torch: only for a resume)
+    from xl.training.checkpoints.checkpoint import CheckpointError  # (imports torch: only for a resume)
 
     old = run_overrides(folder)
     testing = any(o.key_or_group == "train" and o.value() is False for o in new)
@@ -229,7 +229,7 @@ class TrainedRun:
     @classmethod
     def open(cls, path: str | Path, setting: str = "ckpt") -> TrainedRun:
         """A run folder (its newest complete checkpoint) or a checkpoint file."""
-        from xl.training.checkpoint import Checkpoint
+        from xl.training.checkpoints.checkpoint import Checkpoint
 
         checkpoint = Checkpoint.open(path, setting)
         return cls(checkpoint, find_run_folder(checkpoint.path))

@@ -22,16 +22,15 @@ from xl.config.callback_schema import CALLBACKS, LOGGERS
 from xl.config.compose import compose as compose_or_explain
 from xl.config.reference import generated_part, reference
 from xl.config.rules import check_memory
-from xl.config.schema import SCHEMAS, FilesDataSchema, ModelSchema
+from xl.config.schema import SCHEMAS, FilesDataSchema, ModelSchema, OptimConfig
 from xl.data import SegmentDataModule
 from xl.data.tokenizers import TOKENIZERS
-from xl.memory.settings import DEFAULT_TARGET, MemorySettings, config_class, variant_config
+from xl.device.footprint import PRECISION_BYTES
 from xl.model.config import XLConfig
+from xl.model.memory_settings import DEFAULT_TARGET, MemorySettings, config_class, variant_config
 from xl.model.transformer import count_parameters
 from xl.training.build import ConfigError, build_callbacks, build_loggers, check_device, model_config
-from xl.training.footprint import PRECISION_BYTES
-from xl.training.module import XLLitModule
-from xl.training.optim import OptimConfig
+from xl.training.loop.module import XLLitModule
 
 
 def options(group: str) -> list[str]:
@@ -143,12 +142,12 @@ flags\t\t: fpu
     ("amx_bf16 amx_tile amx_int8 avx512_bf16", "bf16-mixed"), ("amx_bf16 amx_tile", "bf16-mixed")])
 def test_auto_precision_on_a_cpu_is_bf16_where_it_computes_bf16(flags, expected, tmp_path, monkeypatch, caplog):
     """The choice is a function of the CPU's flags as Linux lists them (the first CPU's); logged with its reason."""
-    import xl.training.cpu
+    import xl.device.cpu
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(CPUINFO.format(flags))
-    assert xl.training.cpu.cpu_flags(cpuinfo) == {"fpu", "vme", "sse2", "avx", "avx2", *flags.split()}
-    monkeypatch.setattr(xl.training.cpu, "CPUINFO", str(cpuinfo))
+    assert xl.device.cpu.cpu_flags(cpuinfo) == {"fpu", "vme", "sse2", "avx", "avx2", *flags.split()}
+    monkeypatch.setattr(xl.device.cpu, "CPUINFO", str(cpuinfo))
     cfg = compose_config(f"paths.output_dir={tmp_path}")
     with caplog.at_level(logging.INFO, logger="xl.config.machine"):
         assert check_device(cfg) is False
@@ -158,7 +157,7 @@ def test_auto_precision_on_a_cpu_is_bf16_where_it_computes_bf16(flags, expected,
     assert len(said) == 1 and said[0].startswith(f"precision=auto: {expected} (") and reason in said[0], said
     trainer = instantiate(cfg.trainer, logger=False, enable_progress_bar=False)
     assert trainer.strategy.precision_plugin.precision == expected
-    assert xl.training.cpu.cpu_flags(tmp_path / "missing") == frozenset()  # no /proc/cpuinfo (macOS, Windows): float32
+    assert xl.device.cpu.cpu_flags(tmp_path / "missing") == frozenset()  # no /proc/cpuinfo (macOS, Windows): float32
 
 
 TRAINERS = {"cpu": ("cpu", 1, "SingleDeviceStrategy"), "ddp": ("auto", 2, "DDPStrategy")}

@@ -32,7 +32,7 @@ from xl.generation import generate
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL, count_parameters
 from xl.training.build import build_datamodule, build_trainer
-from xl.training.checkpoint import Checkpoint
+from xl.training.checkpoints.checkpoint import Checkpoint
 
 FIXTURE = FIXTURES / "transfo_xl"
 SCRIPT = ROOT / "scripts" / "make_transfo_xl_fixture.py"

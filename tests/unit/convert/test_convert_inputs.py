@@ -25,7 +25,7 @@ from xl.convert.vocab import read_pickle
 from xl.convert.weights import TRANSFORMERS_DEFAULTS
 from xl.data.sources import decode
 from xl.data.words import WordTokenizer
-from xl.training.checkpoint import Checkpoint, CheckpointError, read_checkpoint
+from xl.training.checkpoints.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 
 FIXTURE = FIXTURES / "transfo_xl"
 WEIGHTS = "model.safetensors"

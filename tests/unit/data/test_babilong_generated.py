@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from xl.config.bounds import check_fields
 from xl.config.schema import STREAM as SCHEMA_STREAM
 from xl.config.schema import BabilongDataSchema
 from xl.data import DataError, SegmentLoader
@@ -20,6 +19,7 @@ from xl.data.babilong.samples import split_of
 from xl.data.cache import encode_documents
 from xl.data.sources import StdlibSource, TextFilesSource
 from xl.model.documents import Documents
+from xl.settings.bounds import check_fields
 
 
 @pytest.fixture(scope="module")

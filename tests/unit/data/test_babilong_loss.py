@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
+from xl.data.metrics import IGNORE_INDEX, LMMetrics
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.metrics import IGNORE_INDEX, LMMetrics
 
 
 def model(cutoffs: tuple[int, ...] = ()) -> TransformerXL:

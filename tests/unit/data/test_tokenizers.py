@@ -409,7 +409,7 @@ def test_a_checkpoint_refuses_another_tokenizer_of_the_same_size(tmp_path, corpu
     from tests.integration.test_evaluate import compose_eval
     from xl.evaluation import evaluate
     from xl.training.build import build_run
-    from xl.training.checkpoint import CheckpointError
+    from xl.training.checkpoints.checkpoint import CheckpointError
 
     run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "data.tokenizer=char", "trainer.max_steps=2"))
     run.trainer.fit(run.module, datamodule=run.datamodule)

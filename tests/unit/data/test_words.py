@@ -9,7 +9,7 @@ import torch
 from tests.conftest import compose_config, tiny_overrides
 from xl.generation import generate
 from xl.training.build import build_run
-from xl.training.checkpoint import Checkpoint
+from xl.training.checkpoints.checkpoint import Checkpoint
 
 
 def test_word_level_adaptive_run_trains_tests_and_generates(tmp_path, corpus):

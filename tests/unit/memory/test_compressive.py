@@ -8,12 +8,12 @@ import torch
 from tests.helpers.memories import xl_config
 from tests.helpers.reference import reference_attention
 from tests.unit.model.test_model import TINY, make_model, run_segments
-from xl.memory.base import Segment
+from xl.device.footprint import cache_footprint
 from xl.memory.compressive import CompressiveConfig, CompressiveMemory
 from xl.memory.compressor import Compressor, reconstruction_loss
 from xl.memory.store import MemoryStore, nbytes
+from xl.model.memory import Segment
 from xl.model.transformer import LayerView, TransformerXL
-from xl.training.footprint import cache_footprint
 
 
 def compress_by_hand(model: TransformerXL, layer: int, group: torch.Tensor) -> torch.Tensor:
@@ -528,7 +528,7 @@ def test_training_resumes_both_memories_exactly_and_logs_the_reconstruction_loss
 def test_resume_with_another_compressed_memory_is_refused(tmp_path, corpus):
     from tests.integration.test_resume import fit, resume_cfg
     from xl.training.build import build_run
-    from xl.training.checkpoint import CheckpointError
+    from xl.training.checkpoints.checkpoint import CheckpointError
 
     fit(resume_cfg(tmp_path, corpus, "first", "memory=compressive", "memory.cmem_len=8", "trainer.max_steps=3",
                    "callbacks.model_checkpoint.every_n_train_steps=3"))
@@ -539,7 +539,7 @@ def test_resume_with_another_compressed_memory_is_refused(tmp_path, corpus):
 
 
 def test_the_lightning_module_refuses_same_length_with_a_compressed_memory():
-    from xl.training.module import XLLitModule
+    from xl.training.loop.module import XLLitModule
 
     model = {**TINY, "mem_len": 4, "memory": CompressiveConfig(cmem_len=4, cmem_rate=2).to_dict()}
     with pytest.raises(ValueError, match="same_length would hide the compressed memory"):

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from xl.memory.eviction import leaving
 from xl.memory.knn import store
 from xl.memory.knn.attention import RetrievalGate, default_layers, gated_retrieval, initial_scale
 from xl.memory.knn.search import exact_topk, gather
 from xl.model.documents import positions
+from xl.model.eviction import leaving
 
 
 def reference(q, local, key_raw, value, left, doc, p0, gate, scale, size, k):

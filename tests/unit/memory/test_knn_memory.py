@@ -232,8 +232,8 @@ KNN_RUN = ("memory=knn", "memory.knn_size=64", "memory.knn_top_k=4")
 
 def test_a_run_trains_evaluates_and_is_sized_with_its_stores(tmp_path, corpus):
     from tests.conftest import compose_config, tiny_overrides
+    from xl.config.machine import run_estimate
     from xl.training.build import build_run
-    from xl.training.footprint import run_estimate
 
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), *KNN_RUN, "trainer.max_steps=4",
                          "trainer.val_check_interval=4")
@@ -256,7 +256,7 @@ def test_a_run_trains_evaluates_and_is_sized_with_its_stores(tmp_path, corpus):
 
 def test_resume_is_exact_with_the_stores_in_the_checkpoint(tmp_path, corpus):
     from tests.integration.test_resume import STOP_AT, assert_resumed_as_unbroken, fit, resume_cfg
-    from xl.training.checkpoint import Checkpoint
+    from xl.training.checkpoints.checkpoint import Checkpoint
 
     whole, whole_losses = fit(resume_cfg(tmp_path, corpus, "whole", *KNN_RUN))
     first, _ = fit(resume_cfg(tmp_path, corpus, "first", *KNN_RUN, f"trainer.max_steps={STOP_AT}"))
@@ -269,7 +269,7 @@ def test_resume_is_exact_with_the_stores_in_the_checkpoint(tmp_path, corpus):
 
 def test_the_settings_compose_from_the_command_line(tmp_path, corpus):
     from tests.conftest import compose_config, tiny_overrides
-    from xl.memory.settings import variant_config
+    from xl.model.memory_settings import variant_config
     from xl.training.build import ConfigError, build_run
 
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), "memory=knn", "memory.knn_layers=[0,1]",

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from xl.memory.eviction import leaving
 from xl.memory.knn import store
 from xl.memory.knn.store import COUNT, KEYS, VALUES
 from xl.model.documents import positions
+from xl.model.eviction import leaving
 
 
 def entries(n_rows: int, heads: int, n: int, d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -86,12 +86,12 @@ def test_pack_and_unpack_give_each_rank_its_own_rows():
 def test_a_memory_kept_in_the_graph_is_refused_where_no_gradient_can_cross(target, mem_len, says):
     """detach_memory=False asks the next segment's gradient to reach this one: the memory's rule for windows of two
     segments answers, in its own sentence, before any work."""
-    from xl.memory import settings
+    from xl.model import memory_settings
     from xl.model.config import XLConfig
     from xl.model.transformer import TransformerXL
 
     extra = {"knn_size": 8, "knn_top_k": 2} if "Knn" in target else {"cmem_len": 2} if "Compressive" in target else {}
-    memory = settings.from_dict({"_target_": target, **extra})
+    memory = memory_settings.from_dict({"_target_": target, **extra})
     model = TransformerXL(XLConfig(n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, vocab_size=10,
                                    mem_len=mem_len, memory=memory))
     with pytest.raises(ValueError, match=says):

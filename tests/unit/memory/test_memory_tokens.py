@@ -19,7 +19,7 @@ from xl.config.compose import compose
 from xl.model.documents import Documents, positions
 from xl.model.transformer import TransformerXL
 from xl.training.build import ConfigError, build_run
-from xl.training.sweep import columns
+from xl.training.services.sweep import columns
 
 TINY = dict(vocab_size=23, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0)
 SEG = 5  # text tokens per segment

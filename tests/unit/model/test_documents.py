@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import xl.memory.base
+import xl.model.memory
 from tests.conftest import compose_config, tiny_overrides
 from xl.data import DataError, SegmentDataModule, SegmentLoader, make_tokenizer, sources
 from xl.data.cache import open_cache
@@ -25,7 +25,7 @@ from xl.model.documents import Documents, DocumentStats, bucket_names, positions
 from xl.model.positions import attention_mask
 from xl.model.transformer import TransformerXL
 from xl.training.build import build_run
-from xl.training.module import XLLitModule
+from xl.training.loop.module import XLLitModule
 
 TINY = dict(vocab_size=32, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0)
 PROBE = 13  # length of the probe document
@@ -128,8 +128,8 @@ def test_a_batch_without_a_boundary_in_reach_uses_the_plain_mask(monkeypatch):
     tokens = torch.randint(0, 32, (2, 4), generator=torch.Generator().manual_seed(5))
     mems = model(torch.randint(0, 32, (2, 8)), mem_len=8).mems
     calls = []
-    real = xl.memory.base.document_mask
-    monkeypatch.setattr(xl.memory.base, "document_mask", lambda *a: calls.append(1) or real(*a))
+    real = xl.model.memory.document_mask
+    monkeypatch.setattr(xl.model.memory, "document_mask", lambda *a: calls.append(1) or real(*a))
     with torch.no_grad():
         plain = model(tokens, mems).logits
         # Every row's document began 8 tokens before the segment: the memory holds nothing of another document.
@@ -157,7 +157,7 @@ def test_training_attention_backward_with_a_per_row_mask():
     starts = torch.zeros(B, L, dtype=torch.bool)
     starts[0, 2] = starts[1, 0] = starts[1, 3] = True
     pos = positions(starts, torch.tensor([1, 9, 2]))
-    mask = xl.memory.base.document_mask(plain, pos, M)
+    mask = xl.model.memory.document_mask(plain, pos, M)
     assert mask.shape == (B, 1, L, K) and torch.isinf(mask).any(-1).any()
     grad_out = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)
     fast = TrainingAttentionCPU.apply(*tensors, mask, 0.3, None)
@@ -360,7 +360,7 @@ def test_wikitext_articles_begin_at_title_lines(monkeypatch):
 
 def test_lit_passes_documents_only_under_reset_and_accepts_plain_batches(caplog):
     model_cfg = {**TINY, "mem_len": 0}
-    with caplog.at_level(logging.INFO, logger="xl.training.module"):
+    with caplog.at_level(logging.INFO, logger="xl.training.loop.module"):
         reset = XLLitModule(model_cfg, doc_boundaries="reset")
     assert any("memory length of 0" in r.message for r in caplog.records)
     ignore = XLLitModule(model_cfg)
@@ -469,14 +469,14 @@ def test_training_with_boundaries_never_waits_for_the_device(tmp_path, corpus):
                          "trainer.num_sanity_val_steps=0")
     run = build_run(cfg)
     calls = []
-    real = xl.memory.base.document_mask
-    xl.memory.base.document_mask = lambda *a: calls.append(1) or real(*a)
+    real = xl.model.memory.document_mask
+    xl.model.memory.document_mask = lambda *a: calls.append(1) or real(*a)
     watch = HostSyncWatch()
     run.trainer.callbacks.insert(0, watch)
     try:
         run.trainer.fit(run.module, datamodule=run.datamodule)
     finally:
-        xl.memory.base.document_mask = real
+        xl.model.memory.document_mask = real
     assert run.trainer.global_step == 4 and len(calls) == 4  # every step builds one per-row mask for its layers
     assert watch.reads == [], f"host reads of device values during training steps: {watch.reads}"
 

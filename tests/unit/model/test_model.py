@@ -7,13 +7,13 @@ import torch
 
 from tests.helpers.memories import xl_config
 from tests.helpers.reference import naive_position_scores, reference_attention, reference_logits
+from xl.device.footprint import cache_footprint
 from xl.memory.store import nbytes
 from xl.model.attention import TrainingAttentionCPU, rel_shift
 from xl.model.config import XLConfig
 from xl.model.dropout import keep_mask
 from xl.model.positions import attention_mask
 from xl.model.transformer import TransformerXL, count_parameters
-from xl.training.footprint import cache_footprint
 
 TINY = dict(vocab_size=32, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0)
 

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from tests.conftest import compose_config, tiny_overrides
+from xl.device.footprint import cache_footprint
 from xl.training.build import build_run
-from xl.training.callbacks import JobSummary
-from xl.training.footprint import cache_footprint
+from xl.training.services.callbacks import JobSummary
 
 
 def test_job_summary_records_metrics_speed_and_cost(tmp_path, corpus):

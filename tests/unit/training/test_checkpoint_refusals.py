@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from xl.training.checkpoint import Checkpoint, CheckpointError
+from xl.training.checkpoints.checkpoint import Checkpoint, CheckpointError
 
 
 def write(path: Path, step: int) -> Path:

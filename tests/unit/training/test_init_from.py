@@ -13,8 +13,8 @@ from tests.helpers.paths import FIXTURES
 from xl import train
 from xl.convert import convert
 from xl.training.build import build_run
-from xl.training.checkpoint import Checkpoint, CheckpointError
-from xl.training.init_from import start_from
+from xl.training.checkpoints.checkpoint import Checkpoint, CheckpointError
+from xl.training.checkpoints.init_from import start_from
 
 FIXTURE = FIXTURES / "transfo_xl"
 TEXT = FIXTURE / "text.txt"

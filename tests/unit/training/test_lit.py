@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from xl.training.build import build_run
-from xl.training.module import XLLitModule
-from xl.training.optim import warmup_cosine
+from xl.training.loop.module import XLLitModule
+from xl.training.loop.optim import warmup_cosine
 
 
 class Recorder(L.Callback):

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import compose_config, tiny_overrides
 from xl.training.build import build_run
-from xl.training.progress_bar import RunProgressBar
+from xl.training.services.progress_bar import RunProgressBar
 
 
 class BarSeen(L.Callback):

@@ -1,5 +1,5 @@
-"""xl.training.signals: a signal inside the block is an exception naming it, with the exit status a shell gives a
-process that the signal ended; the handlers of before come back."""
+"""xl.training.services.signals: a signal inside the block is an exception naming it, with the exit status a shell gives
+a process that the signal ended; the handlers of before come back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from xl.training.signals import Stopped, end_stopped, stop_on_signals
+from xl.training.services.signals import Stopped, end_stopped, stop_on_signals
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])

@@ -18,13 +18,13 @@ from torch.utils.data import DataLoader
 from tests.conftest import compose_config, tiny_overrides
 from tests.helpers.reference import reference_attention
 from xl.config.compose import compose
+from xl.device.footprint import segment_activation_bytes
 from xl.model import attention
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
 from xl.training.build import ConfigError, build_run
-from xl.training.footprint import segment_activation_bytes
-from xl.training.module import XLLitModule
-from xl.training.optim import warmup_cosine
+from xl.training.loop.module import XLLitModule
+from xl.training.loop.optim import warmup_cosine
 
 TINY = dict(vocab_size=64, n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64, mem_len=8)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from xl.training.callbacks import validation_due
+from xl.training.services.callbacks import validation_due
 
 
 class Tiny(L.LightningModule):

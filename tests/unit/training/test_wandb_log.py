@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xl.training.wandb_log import sessions
+from xl.training.services.wandb_log import sessions
 
 
 def test_the_sessions_of_a_run_are_its_folders_oldest_first_same_second_ones_included(tmp_path):

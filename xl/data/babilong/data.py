@@ -115,7 +115,7 @@ class BabilongDataModule(SegmentDataModule):
     (``xl.data.SegmentDataModule``'s settings), with the answer-only loss of ``loss=answer``. ``vocabulary``
     (``{"length": ..., "tasks": [...]}``, with ``train_samples=stream``): fit a char or word vocabulary on the
     stream of those settings instead of this module's own, so that modules of other lengths share one vocabulary
-    (:mod:`xl.training.curriculum`)."""
+    (:mod:`xl.training.loop.curriculum`)."""
 
     def __init__(self, background: Source, tasks: Sequence[str] = ("qa1",), length: int | str = "1k",
                  train_samples: int | str = 2000, eval_samples: int = 200, seed: int = 0, loss: str = "answer",

@@ -33,11 +33,11 @@ from xl.data.babilong.background import MAX_UNIT_TOKENS, Sentences, units
 from xl.data.babilong.samples import MAX_DRAWS, Sample, hide, split_of
 from xl.data.babilong.tasks import GENERATORS
 from xl.data.errors import DataError
+from xl.data.metrics import IGNORE_INDEX
 from xl.data.sources import Source
 from xl.data.stream import Batch
 from xl.data.tokenizers import Tokenizer
 from xl.model.documents import Documents
-from xl.training.metrics import IGNORE_INDEX
 
 STREAM = "stream"  # the value of data.train_samples that turns it on
 POOL_TOKENS = 1 << 20  # the background pool holds at least this many tokens (and eight samples' worth)

@@ -3,7 +3,7 @@
 Every layer keeps the Transformer-XL cache of ``mem_len`` positions (:mod:`xl.memory.cache`; ``mem_len = 0``: none);
 each retrieval layer (``memory.knn_layers``) also keeps, per batch row and per head, a store of ``memory.knn_size``
 keys and values (:mod:`xl.memory.knn.store`) of the positions that left its local window, and extends its attention
-(:attr:`xl.memory.base.Context.extend`): each query retrieves its ``memory.knn_top_k`` best entries
+(:attr:`xl.model.memory.Context.extend`): each query retrieves its ``memory.knn_top_k`` best entries
 (:mod:`xl.memory.knn.search`) and the gated retrieval attention (:mod:`xl.memory.knn.attention`) mixes them with the
 local heads. The query is the layer's content query before Transformer-XL's biases.
 
@@ -11,7 +11,7 @@ State, rows first: the cache's ``n_layer`` tensors [B, M, d], then per retrieval
 store's ``keys`` [B, H, N, D], ``values`` [B, H, N, D] (the memory's storage dtype) and ``count`` [B] (int64).
 
 What enters the store: after each segment, the keys and values that the layer's attention computed for the positions
-leaving the window (:func:`xl.memory.eviction.leaving`, the cache's rule), detached; a row whose document begins
+leaving the window (:func:`xl.model.eviction.leaving`, the cache's rule), detached; a row whose document begins
 forgets its entries (:func:`xl.memory.knn.store.write`). The store's tensors are written in place: the state a
 forward pass returns holds the same store tensors as the state it was given.
 """
@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from xl.config.bounds import Bound, at_least, is_int, one_of, setting
-from xl.memory.base import Context, Memory, Segment, Size, Update
 from xl.memory.cache import CacheMemory
-from xl.memory.eviction import leaving
 from xl.memory.knn import store
 from xl.memory.knn.attention import RetrievalGate, default_layers
 from xl.memory.knn.search import SEARCHES, Workspace, gather, search
-from xl.memory.settings import MemoryConfig
+from xl.model.eviction import leaving
+from xl.model.memory import Context, Memory, Segment, Size, Update
+from xl.model.memory_settings import MemoryConfig
+from xl.settings.bounds import Bound, at_least, is_int, one_of, setting
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -93,7 +93,7 @@ def _topk(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
     A group is GROUP adjacent columns for float32 and float64 scores, and GROUP columns N / GROUP apart for 16-bit
     ones: torch's CPU kernels reduce a 16-bit innermost dimension of 32 several times slower than the same values
-    across rows (``python -m xl.memory.knn.bench --only segment --dtype bfloat16``), and for 32-bit values the
+    across rows (``python -m xl.bench.knn --only segment --dtype bfloat16``), and for 32-bit values the
     adjacent groups' candidates are cheaper to gather.
     """
     R, N = scores.shape

@@ -10,7 +10,7 @@ State (rows first, so that a generic store can move, pack and checkpoint it): ``
   only the slots it fills, however large the store).
 
 What enters, and when (:func:`write`): the entries that leave the local window, oldest first, at the end of the
-segment that pushed them out (the cache's rule, :func:`xl.memory.eviction.leaving`); without a cache (``mem_len = 0``)
+segment that pushed them out (the cache's rule, :func:`xl.model.eviction.leaving`); without a cache (``mem_len = 0``)
 that is the whole segment after each step, as in the paper. A store therefore never holds a position the local
 attention still sees, and the same text read in segments of any lengths (one token at a time included) writes the
 same entries to the same slots.
@@ -83,7 +83,7 @@ def write(state: list[Tensor], keys: Tensor, values: Tensor, doc_start: Tensor |
         if store_k.is_contiguous() and store_v.is_contiguous():
             # Whole rows of D values into the flat [B·H·N, D] views: what torch's CPU kernels write fastest, in
             # every dtype (scatter_ into a bfloat16 store costs more than the segment's search; python -m
-            # xl.memory.knn.bench --only segment --dtype bfloat16 times the write).
+            # xl.bench.knn --only segment --dtype bfloat16 times the write).
             rows = flat_rows(B, H, N, (slots % N)[:, None])
             store_k.view(B * H * N, D).index_copy_(0, rows, new_k.reshape(-1, D))
             store_v.view(B * H * N, D).index_copy_(0, rows, new_v.reshape(-1, D))

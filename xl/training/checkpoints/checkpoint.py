@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from xl.memory import settings
+from xl.model import memory_settings
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.run_files import find_run_folder
-from xl.training.torch_errors import load_failure
+from xl.training.checkpoints.run_files import find_run_folder
+from xl.training.checkpoints.torch_errors import load_failure
 
 log = logging.getLogger(__name__)
 XL_KEY = "xl"  # where this project's part of a checkpoint lives
@@ -210,7 +210,7 @@ class Checkpoint:
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], resuming: bool, path: Path) -> None:
     """Refuse a checkpoint whose weights do not fit the configured model, naming every mismatch."""
     checked = SHAPE_FIELDS + (("mem_len", "memory") if resuming else ())
-    saved, current = ({**values, "memory": settings.describe(settings.from_dict(values.get("memory")))}
+    saved, current = ({**values, "memory": memory_settings.describe(memory_settings.from_dict(values.get("memory")))}
                       for values in (saved, current))
     diff = [f"{f}={saved.get(f)} (this run: {current.get(f)})" for f in checked if saved.get(f) != current.get(f)]
     if diff:

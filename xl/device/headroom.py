@@ -1,4 +1,4 @@
-"""How a run's estimated footprint (:class:`xl.training.footprint.RunFootprint`) compares with the memory a device has:
+"""How a run's estimated footprint (:class:`xl.device.footprint.RunFootprint`) compares with the memory a device has:
 the verdict, the words that name each part of the footprint, and the setting to lower (used by
 :func:`xl.config.machine.check_fits` and by ``python -m xl.footprint``)."""
 
@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from xl.config.bounds import is_int
+from xl.settings.bounds import is_int
 
 if TYPE_CHECKING:
-    from xl.training.footprint import RunFootprint
+    from xl.device.footprint import RunFootprint
 
 WARN_FRACTION = 0.8  # of the device's free memory: above it a run is warned about, above all of it refused
 GiB = 2**30
-# The settings that shrink each part of a run's footprint (xl.training.footprint.RunFootprint), and the parts' names.
+# The settings that shrink each part of a run's footprint (xl.device.footprint.RunFootprint), and the parts' names.
 SETTINGS = {"train_memory": "memory.mem_len or data.batch_size",
             "eval_memory": "memory.eval_mem_len or data.eval_batch_size",
             "parameters": "the model (model.n_layer, model.d_model, model.d_inner)",

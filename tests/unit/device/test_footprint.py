@@ -5,12 +5,7 @@ import pytest
 import torch
 
 from tests.helpers.memories import xl_config
-from xl.footprint import main
-from xl.memory.store import nbytes
-from xl.memory.tokens import TokensConfig
-from xl.model.config import XLConfig
-from xl.model.transformer import TransformerXL, count_parameters
-from xl.training.footprint import (
+from xl.device.footprint import (
     GiB,
     RunFootprint,
     activation_elements,
@@ -19,6 +14,11 @@ from xl.training.footprint import (
     describe_run,
     run_footprint,
 )
+from xl.footprint import main
+from xl.memory.store import nbytes
+from xl.memory.tokens import TokensConfig
+from xl.model.config import XLConfig
+from xl.model.transformer import TransformerXL, count_parameters
 
 TABLE = [
     ((512, 768, 12, 8), 37_748_736, 144.0, 0.14),
@@ -165,7 +165,7 @@ def test_activation_estimate_bounds_the_peak_of_real_windows_of_k_segments(memor
     from torch.utils.data import DataLoader
 
     from tests.unit.training.test_tbptt import SavedBytesPeak, stream_segments
-    from xl.training.module import XLLitModule
+    from xl.training.loop.module import XLLitModule
 
     shape, batch, tgt_len = WINDOW_SHAPES[memory], 4, 8
     L.seed_everything(0, verbose=False)
@@ -183,7 +183,7 @@ def test_the_run_estimate_and_its_fit_check_count_the_window(capsys):
     """python -m xl.footprint --run memory=tokens memory.grad_segments=K: the activations grow with K, as the run's
     estimate (what train.py checks) does."""
     from xl.config.compose import compose
-    from xl.training.footprint import run_estimate
+    from xl.config.machine import run_estimate
 
     activations = [run_estimate(compose("config", ["memory=tokens", f"memory.grad_segments={k}"]))[0].activations
                    for k in (1, 2, 8)]

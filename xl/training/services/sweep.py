@@ -1,12 +1,11 @@
 """What a sweep measured: one ``results.json`` per job, then one table and one plot per sweep.
 
-Only a running job knows its training throughput and wall time, and train.py keeps its metrics in
-memory, so :class:`xl.training.callbacks.JobSummary` (a Lightning callback of the callbacks group) writes them into
+Only a running job knows its training throughput and wall time, and train.py keeps its metrics in memory, so
+:class:`xl.training.services.callbacks.JobSummary` (a Lightning callback of the callbacks group) writes them into
 ``<run folder>/results.json``; ``python -m xl.evaluate`` writes its own there too (:mod:`xl.training.eval_results`).
-When a Hydra multirun ends, :func:`write_summary` (called by
-``xl.training.hydra_callbacks.SweepSummary``) gathers the jobs' files into ``summary.csv``, ``summary.md`` and
-``summary.png`` in the sweep folder: the metric and the cost (cache MB, tokens/s) against the setting that the sweep
-varies (:func:`series`).
+When a Hydra multirun ends, :func:`write_summary` (called by ``xl.training.hydra_callbacks.SweepSummary``) gathers
+the jobs' files into ``summary.csv``, ``summary.md`` and ``summary.png`` in the sweep folder: the metric and the cost
+(cache MB, tokens/s) against the setting that the sweep varies (:func:`series`).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-RESULTS_FILE = "results.json"  # what xl.training.callbacks.JobSummary writes into each job's folder
+RESULTS_FILE = "results.json"  # what xl.training.services.callbacks.JobSummary writes into each job's folder
 MIN_SPAN = 0.02  # the quality axis spans at least this share of the plotted values' mean
 
 

@@ -1,10 +1,10 @@
 """A resume, checked in one place before any long work: ``python train.py ckpt_path=RUN`` (or a requeued job).
 
 :meth:`Resume.open` reads the checkpoint once (for a run folder, its newest complete checkpoint:
-:func:`xl.training.checkpoint.newest_checkpoint`); that same state serves every check here,
+:func:`xl.training.checkpoints.checkpoint.newest_checkpoint`); that same state serves every check here,
 :func:`xl.training.build.check_checkpoint` (tokenizer, model shape, memory, weights, batch size) and Lightning's own
-restore (:class:`xl.training.checkpoint_io.AtomicCheckpointIO` hands it over instead of reading the file again). What
-only a running fit can check stays where Lightning hands the state over: the process count
+restore (:class:`xl.training.checkpoints.checkpoint_io.AtomicCheckpointIO` hands it over instead of reading the file
+again). What only a running fit can check stays where Lightning hands the state over: the process count
 (``XLLitModule.on_load_checkpoint``) and the data position (the train loader's ``load_state_dict``). The command line of
 a run folder is checked before Hydra writes into the folder (:func:`xl.training.runs.continue_run`: which settings a
 resume may change).
@@ -24,8 +24,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from xl.training.checkpoint import XL_KEY, Checkpoint, CheckpointError, checkpoint_folder, describe_corpus
-from xl.training.checkpoint_io import remove_partial
+from xl.training.checkpoints.checkpoint import XL_KEY, Checkpoint, CheckpointError, checkpoint_folder, describe_corpus
+from xl.training.checkpoints.checkpoint_io import remove_partial
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ Lightning's own SLURM handler (SIGUSR1 with ``auto_requeue``) is not used: it sa
 point of a step the signal arrives, where the memory and the weights need not agree.
 
 :class:`JobSummary` writes the job's metrics, training throughput and cost into ``results.json`` in the run
-folder, which :mod:`xl.training.sweep` gathers into a sweep's summary.
+folder, which :mod:`xl.training.services.sweep` gathers into a sweep's summary.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from xl.memory.settings import describe
-from xl.training.footprint import memory_bytes
-from xl.training.module import batch_tokens
+from xl.device.footprint import memory_bytes
+from xl.model.memory_settings import describe
+from xl.training.loop.module import batch_tokens
 
 log = logging.getLogger(__name__)
 FORWARDED = tuple(s for s in (signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
@@ -255,7 +255,7 @@ class JobSummary(L.Callback):
 
     def describe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         """The run's context and cost; ``cache_mb`` is one rank's training memory, compressed slots and memory tokens
-        included (:func:`xl.training.footprint.memory_bytes`)."""
+        included (:func:`xl.device.footprint.memory_bytes`)."""
         cfg = pl_module.config
         datamodule = trainer.datamodule
         dtype = next(pl_module.parameters()).dtype

@@ -11,8 +11,8 @@ import torch
 
 from tests.conftest import compose_config, tiny_overrides
 from tests.unit.data.test_tokenizers import reference_token_bytes, text_corpus
+from xl.data.metrics import LMMetrics, ScoredText
 from xl.training.build import build_run
-from xl.training.metrics import LMMetrics, ScoredText
 
 LN2 = math.log(2)
 

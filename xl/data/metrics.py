@@ -193,7 +193,7 @@ class LMMetrics(nn.Module):
 
 def logged_metrics(tokenizer: str) -> list[str]:
     """The metrics a training run logs at each validation and training step for ``data.tokenizer``, validation first:
-    the figures that :class:`xl.training.metrics.LMMetrics` gives a batch, with a byte-length table (the data module
+    the figures that :class:`xl.data.metrics.LMMetrics` gives a batch, with a byte-length table (the data module
     always has one)."""
     from xl.data.tokenizers import TOKENIZERS
 

@@ -2,10 +2,10 @@
 continues from (or says that there is none) and gives the command that goes on.
 
 :func:`stopping` wraps ``trainer.fit`` and ``trainer.test``: a signal (Lightning's ``SIGTERMException``, see
-:class:`xl.training.callbacks.PreemptionCheckpoint`), a full disk, a checkpoint folder that refuses writes
-(read-only, no permission: :class:`xl.training.checkpoint_io.CheckpointWriteError`) and too many non-finite steps end
-the command with ``error: <sentence>`` and exit status 1. The sentence is the last line on the terminal (the progress
-bars are closed first) and is written to the run's log file (``train.log``) too.
+:class:`xl.training.services.callbacks.PreemptionCheckpoint`), a full disk, a checkpoint folder that refuses writes
+(read-only, no permission: :class:`xl.training.checkpoints.checkpoint_io.CheckpointWriteError`) and too many non-finite
+steps end the command with ``error: <sentence>`` and exit status 1. The sentence is the last line on the terminal (the
+progress bars are closed first) and is written to the run's log file (``train.log``) too.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from xl.training.callbacks import PreemptionCheckpoint
-from xl.training.checkpoint import Checkpoint, CheckpointError, newest_checkpoint
-from xl.training.checkpoint_io import CheckpointWriteError
-from xl.training.console import to_log_files
-from xl.training.nonfinite import NonFiniteError
+from xl.training.checkpoints.checkpoint import Checkpoint, CheckpointError, newest_checkpoint
+from xl.training.checkpoints.checkpoint_io import CheckpointWriteError
+from xl.training.loop.nonfinite import NonFiniteError
+from xl.training.services.callbacks import PreemptionCheckpoint
+from xl.training.services.console import to_log_files
 
 log = logging.getLogger(__name__)
 FULL = (errno.ENOSPC, errno.EDQUOT)

@@ -8,7 +8,7 @@ flushes it to the disk (fsync) and renames it into place (``os.replace``, atomic
 the folder so that the rename itself survives a crash. A failure removes the temporary; one that a kill leaves is
 removed by :func:`remove_partial` when the run starts again. Remote paths (``s3://``, ...) keep Lightning's writer.
 A local write or removal that fails raises :class:`CheckpointWriteError`, which names the folder
-(:mod:`xl.training.stops` turns it into the run's closing sentence).
+(:mod:`xl.training.services.stops` turns it into the run's closing sentence).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO`` with an atomic save on the run folder's own filesystem.
 
     ``preloaded``: a checkpoint already read (path, state), handed to Lightning when it loads that path, once,
-    instead of reading the file again (a resume reads its checkpoint once: :class:`xl.training.resume.Resume`).
+    instead of reading the file again (a resume reads its checkpoint once:
+    :class:`xl.training.checkpoints.resume.Resume`).
     """
 
     def __init__(self, preloaded: tuple[Path, dict[str, Any]] | None = None) -> None:

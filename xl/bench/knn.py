@@ -1,4 +1,4 @@
-"""What the retrieval memory costs (run as python -m xl.memory.knn.bench), in three parts, each timed in interleaved
+"""What the retrieval memory costs (run as python -m xl.bench.knn), in three parts, each timed in interleaved
 rounds in one process so that a shared CPU slows every piece alike:
 
 - ``model``: the model at config S (batch 8, segments of 128, ``mem_len`` 128) with ``memory=knn`` (one retrieval
@@ -34,7 +34,7 @@ from xl.memory.knn.memory import KnnConfig
 from xl.memory.knn.search import Workspace, exact_topk, faiss_topk, gather
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.console import plain_text
+from xl.training.services.console import plain_text
 
 PARTS = ("model", "segment", "crossover")
 
@@ -201,7 +201,7 @@ def report_crossover(times: dict[int, dict[str, float]]) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
-    p = argparse.ArgumentParser(prog="python -m xl.memory.knn.bench", description=plain_text(__doc__.splitlines()[0]))
+    p = argparse.ArgumentParser(prog="python -m xl.bench.knn", description=plain_text(__doc__.splitlines()[0]))
     p.add_argument("--only", choices=PARTS, action="append", help="run only these parts (repeatable); default all")
     p.add_argument("--batch", type=int, default=8, help="model and segment parts: batch rows")
     p.add_argument("--tgt-len", type=int, default=128, help="model and segment parts: segment length")

@@ -4,31 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from xl.config.bounds import Bound, above, at_least, between, check_fields, setting
+from xl.config.schema import OptimConfig
 
-if TYPE_CHECKING:  # torch is imported by the functions that use it: the settings are the config's, loaded without it
+if TYPE_CHECKING:  # torch is imported by the functions that use it
     import torch
     from torch import nn
-
-
-@dataclass
-class OptimConfig:
-    """``optim``: AdamW, linear warm-up then cosine decay to ``min_lr_ratio × lr``. The ``optim`` group's schema too
-    (:mod:`xl.config.schema`): each field's type, default, bound and help are declared once, here."""
-
-    lr: float = setting(1e-3, bound=above(0), help="peak learning rate")
-    weight_decay: float = setting(0.0, bound=at_least(0, "a finite number"), help="AdamW's, on matrices only")
-    betas: list[float] = setting(factory=lambda: [0.9, 0.999], help="AdamW's", bound=Bound(
-        "two numbers in [0, 1)", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)))
-    eps: float = setting(1e-8, bound=above(0), help="AdamW's")
-    warmup_steps: int = setting(100, bound=at_least(0), help="linear warm-up")
-    min_lr_ratio: float = setting(0.0, bound=between(0, 1, high_open=False), help="the LR at the end, × lr")
-
-    def __post_init__(self) -> None:
-        check_fields(self, "optim.")
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:

@@ -32,7 +32,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities import rank_zero_only
 
-from xl.training import wandb_log
+from xl.training.services import wandb_log
 
 
 class CSVLogger(LightningCSVLogger):

@@ -8,7 +8,7 @@ ended, 128 + the signal's number (143 for SIGTERM, 130 for SIGINT). A second sig
 
 Inside a Lightning loop Lightning's own SIGTERM handler runs first (it keeps the handler it finds and calls it
 after its own), then this one. Training stops otherwise, at a step boundary with a checkpoint:
-:class:`xl.training.callbacks.PreemptionCheckpoint` and :mod:`xl.training.stops`.
+:class:`xl.training.services.callbacks.PreemptionCheckpoint` and :mod:`xl.training.services.stops`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from xl.training.console import to_log_files
+from xl.training.services.console import to_log_files
 
 SIGNALS = tuple(s for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None)
 

@@ -1,5 +1,6 @@
 """Where a run folder keeps what its command composed (``.hydra/``), and the run folder of a path: shared by the
-checkpoint reader (:mod:`xl.training.checkpoint`) and what is read back of a run (:mod:`xl.training.runs`). Imports
+checkpoint reader (:mod:`xl.training.checkpoints.checkpoint`) and what is read back of a run (:mod:`xl.training.runs`).
+Imports
 neither torch nor Hydra."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ The interface, in one place (:class:`Memory`): weights (``build``); the state (`
 receives a :class:`Segment` record of what the segment did and may ask the model's layers through :class:`Layers`);
 decoding (``decoder``, and ``slots`` for the default decoder).
 
-The rule by which states leave a memory, :func:`xl.memory.eviction.leaving`, is shared by
+The rule by which states leave a memory, :func:`xl.model.eviction.leaving`, is shared by
 the forward pass and the one-token decoder (:mod:`xl.model.decoding`), so that both keep the same memory whatever the
 segment lengths.
 """
@@ -40,8 +40,8 @@ from xl.model.documents import Documents, document_mask, needs_mask
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from xl.memory.settings import MemoryConfig
     from xl.model.config import XLConfig
+    from xl.model.memory_settings import MemoryConfig
     from xl.model.transformer import TransformerXL
 
 KV = list[tuple[Tensor, Tensor]]

@@ -1,12 +1,12 @@
-"""python -m xl.memory.knn.bench: both parts run, and the estimate adds the retrieval's pieces to a segment."""
+"""python -m xl.bench.knn: both parts run, and the estimate adds the retrieval's pieces to a segment."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from xl.bench.knn import full_store, main, recall, report_crossover, report_model, report_segment
 from xl.memory.knn import store
-from xl.memory.knn.bench import full_store, main, recall, report_crossover, report_model, report_segment
 
 
 def test_command_times_every_piece_and_estimates_the_ratio(capsys):

@@ -1,7 +1,7 @@
 """A run folder made from a model that train.py did not train: a converted or a shared model.
 
-``xl.evaluate``, ``xl.generate``, ``train.py init_from=…`` and :class:`xl.training.checkpoint.Checkpoint` read it like a
-run of ours::
+``xl.evaluate``, ``xl.generate``, ``train.py init_from=…`` and :class:`xl.training.checkpoints.checkpoint.Checkpoint`
+read it like a run of ours::
 
     OUT/checkpoints/last.ckpt   the model config, the weights, the tokenizer's fingerprint, where the model came from
     OUT/<tokenizer file>        the vocabulary the data settings name (data.tokenizer_file=OUT/vocab.json, say)
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from xl.training.checkpoint import XL_KEY
+from xl.training.checkpoints.checkpoint import XL_KEY
 
 log = logging.getLogger(__name__)
 

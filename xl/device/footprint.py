@@ -22,7 +22,7 @@ The cache is exact: one tensor per layer holds that layer's input for the last `
   T × V`` for the gradient of the log-probabilities. With adaptive input and softmax, V is the head's ``cutoffs[0] +
   tail clusters`` plus the widest tail cluster (each tail scores only the positions whose target falls in it: this is
   the worst case), and each cluster adds ``B × T × d_model`` tensors for its lookup, projection and selected states.
-  tests/unit/training/test_footprint.py measures what autograd saves with saved-tensor hooks, for one segment and
+  tests/unit/device/test_footprint.py measures what autograd saves with saved-tensor hooks, for one segment and
   through real windows of 1, 2 and 4 segments: the estimate is at least that and at most 2.5 times it. Activations are
   counted in float32 under the mixed precisions, an upper estimate.
 
@@ -35,16 +35,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from xl.config.machine import processes_per_device
-from xl.config.rules import model_values, vocabulary_bound
+from xl.device.headroom import NAMES, SETTINGS, verdict
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL, count_parameters
-from xl.training.headroom import NAMES, SETTINGS, verdict
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -108,7 +105,7 @@ class RunFootprint:
 
 def memory_bytes(config: XLConfig, mem_len: int, batch_size: int, dtype: torch.dtype, seg_len: int | None = None
                  ) -> int:
-    """Bytes of a full memory of ``config``'s variant (:meth:`xl.memory.base.Memory.size`) for ``batch_size`` rows."""
+    """Bytes of a full memory of ``config``'s variant (:meth:`xl.model.memory.Memory.size`) for ``batch_size`` rows."""
     vectors = config.memory.memory(config).size(mem_len, seg_len).vectors
     return vectors * config.d_model * batch_size * torch.empty((), dtype=dtype).element_size()
 
@@ -183,21 +180,6 @@ def describe_run(footprint: RunFootprint, available: int, where: str, processes:
     advice = "" if judged == "fits" else f"; lower {SETTINGS[footprint.largest()]}"
     lines.append(f"{judged}{' (above 80%)' if judged == 'close' else ''}{advice}")
     return "\n".join(lines)
-
-
-def run_estimate(cfg: Any, vocab_size: int | None = None) -> tuple[RunFootprint, int]:
-    """The estimate for one device of the training run a composed config describes, and how many processes share
-    that device's memory (xl.config.machine.processes_per_device); ``vocab_size`` defaults to
-    :func:`vocabulary_bound`."""
-    data, memory = cfg.data, cfg.memory
-    config = XLConfig.from_dict(model_values(cfg, vocab_size or vocabulary_bound(cfg)))
-    eval_batch = data.batch_size if data.eval_batch_size is None else data.eval_batch_size
-    eval_mem_len = memory.mem_len if memory.eval_mem_len is None else memory.eval_mem_len
-    precision = str(cfg.trainer.precision)
-    footprint = run_footprint(config, batch_size=data.batch_size, tgt_len=data.tgt_len, eval_batch_size=eval_batch,
-                              eval_mem_len=eval_mem_len, precision=precision if precision in PRECISION_BYTES
-                              else "32-true", grad_segments=memory.grad_segments)
-    return footprint, processes_per_device(cfg)
 
 
 def segment_activation_bytes(config: XLConfig, batch_size: int, tgt_len: int) -> int:

@@ -8,7 +8,8 @@ copy over the other ranks' rows.
 
 With ``grad_segments`` k > 1 (``memory.grad_segments``) gradients cross segment boundaries inside windows of k
 segments, as the Recurrent Memory Transformer trains its memory (Bulatov et al., 2022): TBPTT(k, k), all of it in
-:mod:`xl.training.window`. A non-finite loss or gradient is handled by :mod:`xl.training.nonfinite`'s policy. Both
+:mod:`xl.training.loop.window`. A non-finite loss or gradient is handled by :mod:`xl.training.loop.nonfinite`'s policy.
+Both
 act through Lightning's automatic optimization and its public hooks.
 """
 
@@ -23,18 +24,18 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from xl.config.rules import check_context, check_grad_segments
-from xl.memory.settings import DOC_BOUNDARIES
+from xl.config.schema import OptimConfig
+from xl.data.metrics import UNITS, LMMetrics, quality, quality_name
+from xl.device.footprint import memory_bytes
 from xl.memory.store import MemoryStore, packed_size
-from xl.model.config import XLConfig
+from xl.model.config import XLConfig, check_context
 from xl.model.documents import Documents, split_batch, target_bytes
+from xl.model.memory_settings import DOC_BOUNDARIES, check_grad_segments
 from xl.model.transformer import TransformerXL, XLOutput
-from xl.training.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
-from xl.training.footprint import memory_bytes
-from xl.training.metrics import UNITS, LMMetrics, quality, quality_name
-from xl.training.nonfinite import NonFiniteSteps
-from xl.training.optim import OptimConfig, adamw, clip, warmup_cosine_schedule
-from xl.training.window import GradientWindow
+from xl.training.checkpoints.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
+from xl.training.loop.nonfinite import NonFiniteSteps
+from xl.training.loop.optim import adamw, clip, warmup_cosine_schedule
+from xl.training.loop.window import GradientWindow
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class XLLitModule(L.LightningModule):
         check_grad_segments(grad_segments)
         self.config.memory.check_window(grad_segments, self.config.mem_len)
         self.grad_segments = grad_segments
-        self.window = GradientWindow(grad_segments)  # gradients through windows of segments: xl.training.window
+        self.window = GradientWindow(grad_segments)  # gradients through windows of segments: xl.training.loop.window
         self.optim = OptimConfig(**(optim or {}))
         self.eval_context = {
             "mem_len": self.config.mem_len if eval_mem_len is None else eval_mem_len,
@@ -83,7 +84,7 @@ class XLLitModule(L.LightningModule):
         if unit not in UNITS:
             raise ValueError(f"unit must be one of {list(UNITS)}, got {unit!r}")
         self.unit = unit
-        self.nonfinite = NonFiniteSteps(max_nonfinite_steps)  # the non-finite policy: xl.training.nonfinite
+        self.nonfinite = NonFiniteSteps(max_nonfinite_steps)  # the non-finite policy: xl.training.loop.nonfinite
         if doc_boundaries not in DOC_BOUNDARIES:
             raise ValueError(f"memory.doc_boundaries must be reset or ignore, got {doc_boundaries!r}")
         self.doc_boundaries = doc_boundaries
@@ -263,7 +264,7 @@ class XLLitModule(L.LightningModule):
     # ---- checkpoints ---------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Add the model config, the tokenizer's fingerprint, and every rank's training memory, RNG states and sums
-        of the epoch's training loss so far (see xl.training.checkpoint)."""
+        of the epoch's training loss so far (see xl.training.checkpoints.checkpoint)."""
         world = self.trainer.world_size
         checkpoint[XL_KEY] = {
             "model_config": self.config.to_dict(),
@@ -279,7 +280,7 @@ class XLLitModule(L.LightningModule):
     def step_row(self) -> dict[str, float] | None:
         """The metric row of the step a checkpoint ends (None when the step logs none). Lightning sends it to the
         loggers after the checkpoints of the step are written, so a kill between the two would lose it: the checkpoint
-        keeps it, and a resume from it writes it when the history lacks it (xl.training.loggers.CSVLogger)."""
+        keeps it, and a resume from it writes it when the history lacks it (xl.training.services.loggers.CSVLogger)."""
         trainer, figures = self.trainer, getattr(self, "step_figures", None)
         if figures is None or trainer.state.fn != TrainerFn.FITTING or trainer.global_step % trainer.log_every_n_steps:
             return None

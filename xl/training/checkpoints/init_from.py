@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from xl.training.checkpoint import SHAPE_FIELDS, Checkpoint, CheckpointError
+from xl.training.checkpoints.checkpoint import SHAPE_FIELDS, Checkpoint, CheckpointError
 
 log = logging.getLogger(__name__)
 SETTING = "init_from"

@@ -9,12 +9,12 @@ The ``memory`` group of ``conf/`` is one flat node: the shared context (``mem_le
     my_setting: 4
 
 :func:`settings_class` types such a node: a dataclass of the shared fields and the variant's, whose bounds
-(:func:`xl.config.bounds.setting`) :mod:`xl.config.rules` checks like any schema's. :func:`variant_config` makes the
+(:func:`xl.settings.bounds.setting`) :mod:`xl.config.rules` checks like any schema's. :func:`variant_config` makes the
 variant's config from the node; the model keeps it as ``XLConfig.memory``, and a checkpoint records it with its
 ``_target_`` (:meth:`MemoryConfig.to_dict`), so a run is read back with the variant it was trained with.
 
 A variant outside this package is used the same way: a dataclass subclassing :class:`MemoryConfig` whose
-:meth:`~MemoryConfig.memory` returns its :class:`xl.memory.base.Memory`, and a YAML file naming it in a folder on
+:meth:`~MemoryConfig.memory` returns its :class:`xl.model.memory.Memory`, and a YAML file naming it in a folder on
 Hydra's search path (docs/memories.md).
 """
 
@@ -27,11 +27,11 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from xl.config.bounds import Bound, at_least, check_fields, is_int, one_of, optional, setting
+from xl.settings.bounds import Bound, at_least, check_fields, is_int, one_of, optional, setting
 
 if TYPE_CHECKING:
-    from xl.memory.base import Memory
     from xl.model.config import XLConfig
+    from xl.model.memory import Memory
 
 MEM_DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the memory's storage precisions (XLConfig.mem_dtype)
 DOC_BOUNDARIES = ("reset", "ignore")
@@ -65,7 +65,7 @@ class MemorySettings:
 @dataclass
 class MemoryConfig:
     """A memory variant's own settings. A subclass is a dataclass whose fields are declared with
-    :func:`xl.config.bounds.setting` (type, default, bound, help); a field whose metadata has ``from`` is not a user
+    :func:`xl.settings.bounds.setting` (type, default, bound, help); a field whose metadata has ``from`` is not a user
     setting but copied from that key of the run's config when the model is made (``seg_len`` from ``data.tgt_len``).
 
     The rules between the variant's settings and the shared context are the methods below: each raises ValueError
@@ -158,7 +158,7 @@ def config_class(target: str) -> type[MemoryConfig]:
         cls = None
     if not (isinstance(cls, type) and issubclass(cls, MemoryConfig)):
         raise ValueError(f"memory._target_={target} is not a memory's config class (a subclass of "
-                         f"xl.memory.settings.MemoryConfig); name one, such as {DEFAULT_TARGET}")
+                         f"xl.model.memory_settings.MemoryConfig); name one, such as {DEFAULT_TARGET}")
     return cls
 
 
@@ -216,7 +216,7 @@ def typed(memory: Any) -> Any:
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import ValidationError
 
-    from xl.config.bounds import describe_type
+    from xl.settings.bounds import describe_type
 
     if not isinstance(memory, DictConfig) or OmegaConf.get_type(memory) is not dict:
         return memory
@@ -234,3 +234,11 @@ def typed(memory: Any) -> Any:
             got = "null" if value is None else str(value)
             raise ValueError(f"memory.{key} must be {describe_type(hints[key])}, got {got!r}") from None
     return node
+
+
+def check_grad_segments(grad_segments: Any) -> None:
+    """Windows of k segments: a positive integer (what carries the gradient is the memory's rule,
+    :meth:`xl.model.memory_settings.MemoryConfig.check_window`)."""
+    if not is_int(grad_segments) or grad_segments < 1:
+        raise ValueError(f"memory.grad_segments must be a positive integer (1: stop the gradient at every segment, "
+                         f"as Transformer-XL does), got {grad_segments!r}")
