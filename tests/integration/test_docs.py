@@ -83,6 +83,8 @@ SKIP = {
     "--seeds 1 2 3 4 5": "five trainings; the one-seed commands above it run",
     "python -m xl.probe memory.grad_segments=2 --mem-lens 32 --steps 1500 --seeds 1 2 3 4 5":
         "five trainings; the one-seed commands above it run",
+    "python -m xl.probe memory.grad_segments=4 --mem-lens 32 --steps 750 --seeds 1 2 3 4 5":
+        "five trainings; the one-seed commands above it run",
     "python -m xl.probe data.source.gap=400 memory=lmrmt --mem-lens 0 --steps 1500 --seeds 1 2 3 4 5":
         "five trainings; memory tokens' one-seed commands run",
     "python -m xl.probe data.source.gap=400 memory=rmt --mem-lens 0 --steps 1500 --seeds 1 2 3 4 5":
