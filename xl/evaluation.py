@@ -20,14 +20,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import Tensor
 
 from xl.config.compose import command_line_keys
-from xl.config.rules import check_evaluate_config
+from xl.config.machine import check_device
+from xl.config.rules import ConfigError, check_evaluate_config
 from xl.config.schema import EvalContextSchema
 from xl.memory.store import packed_size
 from xl.model import memory_settings
 from xl.model.adaptive import widen
 from xl.model.documents import MODES, Documents, DocumentStats, split_batch, summary, target_bytes
 from xl.model.transformer import TransformerXL
-from xl.training.build import ConfigError, build_datamodule, check_device, make_trainer
+from xl.training.build import build_datamodule, make_trainer
 from xl.training.checkpoints.checkpoint import Checkpoint, describe_corpus
 from xl.training.eval_results import (
     Progress,
