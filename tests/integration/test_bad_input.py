@@ -71,7 +71,8 @@ ROWS = {
                                    "memory.eval_mem_len must be null or an integer >= 0, got -1"),
     "evaluation clamp 0": (["memory.eval_clamp_len=0"], None, ConfigError, "memory.eval_clamp_len must be"),
     "evaluation same_length without evaluation memory": (
-        ["memory.eval_mem_len=0", "memory.eval_same_length=true"], None, ConfigError, "memory.eval_mem_len is 0"),
+        ["memory.eval_mem_len=0", "memory.eval_same_length=true"], None, ConfigError,
+        "memory.eval_same_length=True needs mem_len > 0 (the window is memory.eval_mem_len keys wide)"),
     "bad cache dtype": (["memory.mem_dtype=int8"], None, ConfigError, "memory.mem_dtype must be one of"),
     "compression rate that does not divide the segment": (
         ["memory=compressive", "memory.cmem_rate=3"], None, ConfigError, "memory.cmem_rate=3 must divide data.tgt_len"),
