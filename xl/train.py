@@ -1,7 +1,8 @@
 """Train a Transformer-XL: ``python train.py [group=option] [key=value ...]`` (Hydra; also ``xl-train``).
 
-Compose the config, build data/module/trainer (xl/training/build.py), fit, test the best checkpoint,
-and say where everything went. ``-m`` sweeps, e.g. ``python train.py -m memory.mem_len=0,64,128``.
+Hydra composes the config (:func:`train_main`); :func:`fit_and_test` then reads top to bottom: check the settings,
+build data/module/trainer (xl/training/build.py), fit, test the best checkpoint, and report where everything went.
+``-m`` sweeps, e.g. ``python train.py -m memory.mem_len=0,64,128``.
 
 ``python train.py ckpt_path=RUN [key=value ...]`` continues the run in the folder RUN: its own settings (read from
 ``RUN/.hydra/overrides.yaml``) with the new ones on top, written into RUN, logged into the same W&B run.

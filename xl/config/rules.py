@@ -31,7 +31,6 @@ from xl.config.schedule import check_schedule
 from xl.data.tokenizers import make_tokenizer
 from xl.model import memory_settings
 from xl.model.config import check_context, check_shape
-from xl.model.memory_settings import check_grad_segments
 from xl.settings.bounds import schema_bounds, shown
 
 log = logging.getLogger(__name__)
@@ -191,7 +190,6 @@ def check_memory(cfg: DictConfig) -> None:
         check_context(memory.mem_len if memory.eval_mem_len is None else memory.eval_mem_len,
                       memory.same_length if memory.eval_same_length is None else memory.eval_same_length, variant,
                       eval_key)
-        check_grad_segments(memory.grad_segments)
         variant.check_window(memory.grad_segments, memory.mem_len)
         variant.check_lengths({key: length for key, length in lengths.items() if length is not None})
     except ValueError as err:
