@@ -20,14 +20,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import Tensor
 
 from xl.config.compose import command_line_keys
-from xl.config.rules import check_evaluate_config
+from xl.config.machine import check_device
+from xl.config.rules import ConfigError, check_evaluate_config
 from xl.config.schema import EvalContextSchema
 from xl.memory.store import packed_size
 from xl.model import memory_settings
 from xl.model.adaptive import widen
-from xl.model.documents import MODES, Documents, DocumentStats, split_batch, summary, target_bytes
+from xl.model.documents import Documents, DocumentStats, split_batch, summary, target_bytes
 from xl.model.transformer import TransformerXL
-from xl.training.build import ConfigError, build_datamodule, check_device, make_trainer
+from xl.training.build import build_datamodule, make_trainer
 from xl.training.checkpoints.checkpoint import Checkpoint, describe_corpus
 from xl.training.eval_results import (
     Progress,
@@ -241,11 +242,9 @@ def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any,
 
 
 def eval_doc_boundaries(cfg: DictConfig, checkpoint: Checkpoint) -> str:
-    """memory.doc_boundaries, else the checkpoint's, else ignore (what a checkpoint without the setting did)."""
-    value = cfg.memory.get("doc_boundaries") or checkpoint.hyper_parameters.get("doc_boundaries") or "ignore"
-    if value not in MODES:
-        raise ConfigError(f"memory.doc_boundaries must be reset or ignore, got {value!r}")
-    return value
+    """memory.doc_boundaries (its schema bounds it), else the checkpoint's, else ignore (what a checkpoint without the
+    setting did)."""
+    return cfg.memory.get("doc_boundaries") or checkpoint.hyper_parameters.get("doc_boundaries") or "ignore"
 
 
 def corpus_note(checkpoint: Checkpoint, datamodule: Any, from_run: bool) -> str:

@@ -13,11 +13,12 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
+from xl.config.rules import ConfigError
 from xl.data.sources import decode
 from xl.data.tokenizers import Tokenizer, WordTokenizer
 from xl.model import memory_settings
 from xl.model.transformer import TransformerXL
-from xl.training.build import ConfigError, build_datamodule
+from xl.training.build import build_datamodule
 from xl.training.checkpoints.checkpoint import Checkpoint
 from xl.training.runs import use_run_data
 from xl.training.services.console import errors_logged, quiet_warnings

@@ -1,7 +1,8 @@
 """Train a Transformer-XL: ``python train.py [group=option] [key=value ...]`` (Hydra; also ``xl-train``).
 
-Compose the config, build data/module/trainer (xl/training/build.py), fit, test the best checkpoint,
-and say where everything went. ``-m`` sweeps, e.g. ``python train.py -m memory.mem_len=0,64,128``.
+Hydra composes the config (:func:`train_main`); :func:`fit_and_test` then reads top to bottom: check the settings,
+build data/module/trainer (xl/training/build.py), fit, test the best checkpoint, and report where everything went.
+``-m`` sweeps, e.g. ``python train.py -m memory.mem_len=0,64,128``.
 
 ``python train.py ckpt_path=RUN [key=value ...]`` continues the run in the folder RUN: its own settings (read from
 ``RUN/.hydra/overrides.yaml``) with the new ones on top, written into RUN, logged into the same W&B run.
@@ -35,12 +36,37 @@ from xl.training.services.console import errors_logged, quiet_libraries, quiet_w
 if TYPE_CHECKING:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from xl.training.build import Run
+
 log = logging.getLogger("train")
 
 
-def prepare_run(cfg: DictConfig) -> None:
-    """A requeued SLURM job (``SLURM_RESTART_COUNT`` > 0) continues from its folder's newest checkpoint; the W&B
-    logger gets the folder's W&B id, so every resume logs into the same W&B run."""
+def fit_and_test(cfg: DictConfig) -> dict[str, float]:
+    """One run, top to bottom: check the settings, build the run, fit, test, report. Returns the validation and
+    test metrics."""
+    check(cfg)
+    run = build(cfg)
+    metrics = fit(cfg, run)
+    saved = checkpoints(run.trainer)  # a test from the best checkpoint gives the callback that checkpoint's state
+    metrics |= test(cfg, run)
+    report(run, metrics, saved if any(saved) else checkpoints(run.trainer))
+    return metrics
+
+
+def check(cfg: DictConfig) -> None:
+    """Every rule that needs neither torch nor Lightning, before either is imported."""
+    if not cfg.train and not cfg.test:
+        raise ConfigError("train=false and test=false leave nothing to do; set test=true to test ckpt_path")
+    check_config(cfg, shape=not cfg.get("init_from"), trainer=False)
+
+
+def build(cfg: DictConfig) -> Run:
+    """The run's data, module and trainer (xl.training.build.build_run, each bad setting one sentence). A requeued
+    SLURM job (``SLURM_RESTART_COUNT`` > 0) continues from its folder's newest checkpoint; the W&B logger gets the
+    folder's W&B id, so every resume logs into the same W&B run."""
+    from xl.training.build import build_run
+
+    quiet_libraries()  # Lightning, imported just now, set its own log levels
     output_dir = Path(cfg.paths.output_dir)
     with open_dict(cfg):
         if requeued(cfg) and not cfg.get("ckpt_path") and holds_run(output_dir):
@@ -51,39 +77,35 @@ def prepare_run(cfg: DictConfig) -> None:
             quiet_wandb(wandb.offline)
             if not wandb.get("id"):
                 wandb.id = wandb_id(output_dir)
-
-
-def fit_and_test(cfg: DictConfig) -> dict[str, float]:
-    if not cfg.train and not cfg.test:
-        raise ConfigError("train=false and test=false leave nothing to do; set test=true to test ckpt_path")
-    check_config(cfg, shape=not cfg.get("init_from"), trainer=False)  # before torch and Lightning are imported
-    from xl.training.build import build_run
-    from xl.training.services.stops import stopping
-
-    quiet_libraries()  # Lightning, imported just now, set its own log levels
-    prepare_run(cfg)
     if cfg.get("ckpt_path"):  # continuing into the run folder: its checkpoints are expected there
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
-    run = build_run(cfg)  # a bad setting ends the command with one sentence (xl.config.compose.entry_point)
-    trainer, module, datamodule = run.trainer, run.module, run.datamodule
-    run_dir = trainer.default_root_dir
+    return build_run(cfg)
+
+
+def fit(cfg: DictConfig, run: Run) -> dict[str, float]:
+    """Train (unless the run continued is complete) and return the last validation metrics."""
+    from xl.training.services.stops import stopping
+
+    trainer = run.trainer
     if cfg.train and not (run.resume and run.resume.finished):
-        with stopping(trainer, run_dir):
-            trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-    # The fit's checkpoints, before a test from one of them gives the callback the state that checkpoint recorded
-    # (the best one, written before last.ckpt, records no last checkpoint).
-    saved = checkpoints(trainer)
-    if cfg.test:
-        best = model_checkpoint(trainer).best_model_path if model_checkpoint(trainer) else ""
-        ckpt = str(run.resume.best_path()) if run.resume and run.resume.finished else best or (
-            None if cfg.train else run.ckpt_path)
-        with stopping(trainer, run_dir):
-            results = trainer.test(module, datamodule=datamodule, ckpt_path=ckpt, verbose=False, weights_only=True)
-        for values in results:
-            metrics.update({k: float(v) for k, v in values.items()})
-    report(trainer, module, metrics, saved if any(saved) else checkpoints(trainer))
-    return metrics
+        with stopping(trainer, trainer.default_root_dir):
+            trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=run.ckpt_path, weights_only=True)
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+
+
+def test(cfg: DictConfig, run: Run) -> dict[str, float]:
+    """Test the best checkpoint (a complete run's, the fit's, or ckpt_path with train=false); its metrics."""
+    from xl.training.services.stops import stopping
+
+    if not cfg.test:
+        return {}
+    trainer, callback = run.trainer, model_checkpoint(run.trainer)
+    best = callback.best_model_path if callback else ""
+    ckpt = str(run.resume.best_path()) if run.resume and run.resume.finished else best or (
+        None if cfg.train else run.ckpt_path)
+    with stopping(trainer, trainer.default_root_dir):
+        results = trainer.test(run.module, datamodule=run.datamodule, ckpt_path=ckpt, verbose=False, weights_only=True)
+    return {k: float(v) for values in results for k, v in values.items()}
 
 
 def model_checkpoint(trainer) -> ModelCheckpoint | None:
@@ -99,10 +121,11 @@ def checkpoints(trainer) -> tuple[str, str]:
     return (ckpt.best_model_path, ckpt.last_model_path) if ckpt is not None else ("", "")
 
 
-def report(trainer, module, metrics: dict[str, float], saved: tuple[str, str]) -> None:
+def report(run: Run, metrics: dict[str, float], saved: tuple[str, str]) -> None:
     """The results block: metrics, the checkpoints ``saved`` (best, last), and where the run and its logs are."""
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
+    trainer, module = run.trainer, run.module
     if not trainer.is_global_zero:  # one results block for a multi-process run
         return
     lines = [f"  {k:<10} {v:.4f}" for k, v in sorted(metrics.items())]
@@ -120,9 +143,9 @@ def report(trainer, module, metrics: dict[str, float], saved: tuple[str, str]) -
         elif isinstance(logger, TensorBoardLogger):
             lines.append(f"  TensorBoard log: {Path(logger.log_dir)} (tensorboard --logdir {Path(logger.root_dir)})")
         elif isinstance(logger, WandbLogger):
-            run = logger.experiment
-            where = wandb_upload(Path(run.dir).parent, run.id) if run.offline else run.url
-            lines.append(f"  W&B run {run.id}: {where}")
+            wandb = logger.experiment
+            where = wandb_upload(Path(wandb.dir).parent, wandb.id) if wandb.offline else wandb.url
+            lines.append(f"  W&B run {wandb.id}: {where}")
     log.info("results\n%s", "\n".join(lines))
 
 

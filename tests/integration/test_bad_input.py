@@ -30,9 +30,11 @@ from tests.helpers.paths import ROOT
 from xl.config.compose import compose as compose_or_explain
 from xl.config.compose import entry_point
 from xl.config.compose_errors import describe_error
+from xl.config.machine import run_estimate
+from xl.config.rules import ConfigError, check_config
 from xl.data import DataError
 from xl.settings.bounds import describe_type, schema_bounds
-from xl.training.build import ConfigError, build_run, check_fits
+from xl.training.build import build_run, check_fits
 from xl.training.checkpoints.checkpoint import CheckpointError
 
 SHORT = 200  # characters: a refusal is one sentence a reader takes in at a glance
@@ -69,7 +71,8 @@ ROWS = {
                                    "memory.eval_mem_len must be null or an integer >= 0, got -1"),
     "evaluation clamp 0": (["memory.eval_clamp_len=0"], None, ConfigError, "memory.eval_clamp_len must be"),
     "evaluation same_length without evaluation memory": (
-        ["memory.eval_mem_len=0", "memory.eval_same_length=true"], None, ConfigError, "memory.eval_mem_len is 0"),
+        ["memory.eval_mem_len=0", "memory.eval_same_length=true"], None, ConfigError,
+        "memory.eval_same_length=True needs mem_len > 0 (the window is memory.eval_mem_len keys wide)"),
     "bad cache dtype": (["memory.mem_dtype=int8"], None, ConfigError, "memory.mem_dtype must be one of"),
     "compression rate that does not divide the segment": (
         ["memory=compressive", "memory.cmem_rate=3"], None, ConfigError, "memory.cmem_rate=3 must divide data.tgt_len"),
@@ -288,7 +291,7 @@ def test_a_run_too_big_for_the_machine_is_refused_at_once(override, setting, tmp
 
 def test_a_run_close_to_the_limit_warns(tmp_path, corpus, monkeypatch, caplog):
     cfg = compose_config(*tiny_overrides(tmp_path, corpus))
-    need = xl.training.build.run_estimate(cfg)[0].total
+    need = run_estimate(cfg)[0].total
     monkeypatch.setattr(xl.training.build, "available_memory", lambda cuda: (int(need / 0.9), "a test device"))
     check_fits(cfg)
     assert "close to the limit" in caplog.text
@@ -298,9 +301,9 @@ def test_a_run_close_to_the_limit_warns(tmp_path, corpus, monkeypatch, caplog):
 
 
 def test_cpu_processes_share_the_machines_memory(tmp_path, corpus):
-    one, processes = xl.training.build.run_estimate(compose_config(*tiny_overrides(tmp_path, corpus)))
+    one, processes = run_estimate(compose_config(*tiny_overrides(tmp_path, corpus)))
     ddp = compose_config(*tiny_overrides(tmp_path, corpus), "trainer=ddp")
-    two, processes_ddp = xl.training.build.run_estimate(ddp)
+    two, processes_ddp = run_estimate(ddp)
     assert (processes, processes_ddp) == (1, 2) and one == two
 
 
@@ -470,11 +473,10 @@ def test_the_monitor_may_be_any_metric_the_run_logs(tokenizer, metrics, tmp_path
     for monitor in ("val/loss", "val/bpb", "train/loss", *metrics):
         cfg = compose_config(*tiny_overrides(tmp_path, corpus), f"data.tokenizer={tokenizer}",
                              f"callbacks.model_checkpoint.monitor={monitor}")
-        xl.training.build.check_settings(cfg)
+        check_config(cfg)
     with pytest.raises(ConfigError, match=f"choose one of val/loss, {metrics[0]}, val/bpb, "):
-        xl.training.build.check_settings(compose_config(*tiny_overrides(tmp_path, corpus),
-                                                        f"data.tokenizer={tokenizer}",
-                                                        "callbacks.model_checkpoint.monitor=val/bpx"))
+        check_config(compose_config(*tiny_overrides(tmp_path, corpus), f"data.tokenizer={tokenizer}",
+                                    "callbacks.model_checkpoint.monitor=val/bpx"))
 
 
 def float_leaves() -> list[str]:

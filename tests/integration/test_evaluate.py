@@ -14,10 +14,11 @@ from omegaconf import DictConfig
 import xl.evaluate
 import xl.evaluation
 from tests.conftest import CONF_DIR, compose_config, run_hydra_main, tiny_overrides
+from xl.config.rules import ConfigError
 from xl.evaluation import eval_context, evaluate, vanilla_nll
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.build import ConfigError, build_run
+from xl.training.build import build_run
 from xl.training.checkpoints.checkpoint import Checkpoint, CheckpointError
 
 

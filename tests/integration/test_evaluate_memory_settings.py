@@ -10,8 +10,9 @@ import pytest
 from tests.conftest import compose_config, tiny_overrides
 from tests.integration.test_evaluate import eval_overrides
 from xl.config.compose import compose
+from xl.config.rules import ConfigError
 from xl.evaluation import evaluate
-from xl.training.build import ConfigError, build_run
+from xl.training.build import build_run
 
 STORE = ("memory=knn", "memory.knn_size=64", "memory.knn_top_k=4")
 

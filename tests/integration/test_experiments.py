@@ -8,9 +8,9 @@ import pytest
 
 from tests.conftest import CONF_DIR, compose_config
 from tests.helpers.paths import ROOT
+from xl.config.rules import check_config, model_values
 from xl.model.config import XLConfig
 from xl.model.transformer import count_parameters
-from xl.training.build import check_settings, model_config
 
 WT103_VOCAB = 267_735  # words of the WikiText-103 training split, with <eos> (Dai et al., 2019)
 # (experiment, vocabulary of its tokenizer, parameters reported by Dai et al., 2019)
@@ -27,11 +27,11 @@ def test_every_experiment_is_listed():
 @pytest.mark.parametrize("name,vocab,paper", PAPER)
 def test_experiment_composes_and_matches_the_papers_size(name, vocab, paper):
     cfg = compose_config(f"experiment={name}")
-    config = XLConfig.from_dict(model_config(cfg, vocab))  # validates every field
+    config = XLConfig.from_dict(model_values(cfg, vocab))  # validates every field
     params = count_parameters(config)  # on the meta device: nothing allocated
     assert abs(params - paper) / paper < 0.03, f"{name}: {params:,} parameters vs the paper's {paper:,.0f}"
     assert cfg.memory.eval_mem_len > cfg.memory.mem_len and cfg.memory.eval_same_length
-    check_settings(cfg)  # every range and relation holds
+    check_config(cfg)  # every range and relation holds
 
 
 
@@ -41,7 +41,7 @@ def test_the_papers_table_shows_these_counts():
     rows = [line.split("|")[1:-1] for line in (ROOT / "docs" / "paper.md").read_text().splitlines()
             if line.startswith("| ") and "`" in line]
     shown = {cells[1].strip().strip("`"): cells[3].strip() for cells in rows}
-    configs = {name: XLConfig.from_dict(model_config(compose_config(f"experiment={name}"), v))
+    configs = {name: XLConfig.from_dict(model_values(compose_config(f"experiment={name}"), v))
                for name, v in vocab.items()}
     assert shown == {name: f"{count_parameters(c) / 1e6:.1f}M" for name, c in configs.items()}
 
@@ -62,11 +62,11 @@ def closed_form_parameters(c: XLConfig) -> int:
 def test_wt103_large_has_the_size_its_published_hyperparameters_give():
     """The paper reports 257M, but its released hyperparameters (18 × 1024, d_inner 4096, div_val 4) give 283M."""
     cfg = compose_config("experiment=wt103_large")
-    config = XLConfig.from_dict(model_config(cfg, WT103_VOCAB))
+    config = XLConfig.from_dict(model_values(cfg, WT103_VOCAB))
     params = count_parameters(config)
     assert params == closed_form_parameters(config) == 283_108_170
     assert params / 257e6 - 1 == pytest.approx(0.10, abs=0.005)  # the gap the README documents
-    base = XLConfig.from_dict(model_config(compose_config("experiment=wt103_base"), WT103_VOCAB))
+    base = XLConfig.from_dict(model_values(compose_config("experiment=wt103_base"), WT103_VOCAB))
     assert count_parameters(base) == closed_form_parameters(base)
 
 
@@ -74,12 +74,12 @@ def test_enwik8_compressive_is_enwik8_large_with_the_papers_memories():
     """Rae et al. (2019) report 277M parameters for enwik8: the main network's size; the learned compressor adds one
     [d, d, rate] convolution and a bias per layer."""
     cfg = compose_config("experiment=enwik8_compressive")
-    check_settings(cfg)
-    config = XLConfig.from_dict(model_config(cfg, 256))
+    check_config(cfg)
+    config = XLConfig.from_dict(model_values(cfg, 256))
     memory = config.memory
     assert (config.mem_len, memory.cmem_len, memory.cmem_rate, memory.cmem_fn, cfg.data.tgt_len) == (
         768, 768, 3, "conv", 768)
-    plain = XLConfig.from_dict(model_config(compose_config("experiment=enwik8_large"), 256))
+    plain = XLConfig.from_dict(model_values(compose_config("experiment=enwik8_large"), 256))
     main = count_parameters(plain)
     assert abs(main - 277e6) / 277e6 < 0.03
     compressor = config.n_layer * (config.memory.cmem_rate * config.d_model**2 + config.d_model)

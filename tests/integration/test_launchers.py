@@ -12,7 +12,8 @@ from hydra.utils import instantiate
 
 from tests.conftest import CONF_DIR, compose_config, tiny_overrides
 from tests.helpers.paths import ROOT
-from xl.training.build import ConfigError, check_device
+from xl.config.machine import check_device
+from xl.config.rules import ConfigError
 
 
 def test_slurm_launcher_composes_with_one_task_per_device():

@@ -64,10 +64,10 @@ def experiment_shape(name: str) -> tuple[dict, int, int]:
     (``S``: the CPU benchmark's model, batch 8, segments of 128)."""
     if name == "S":
         return dict(CONFIG_S), 8, 128
-    from xl.training.build import model_config
+    from xl.config.rules import model_values
 
     cfg = compose("config", [f"experiment={name}"])
-    return model_config(cfg, 256), cfg.data.batch_size, cfg.data.tgt_len
+    return model_values(cfg, 256), cfg.data.batch_size, cfg.data.tgt_len
 
 
 def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: torch.dtype | None, compile: bool,

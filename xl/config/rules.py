@@ -8,9 +8,11 @@ built, over several sentences; :func:`check_trainer`: the arguments each ``_targ
 ``+trainer.X`` among them; the metric a callback monitors, which Lightning would refuse at the first validation, as
 a traceback; the compile backend) and the schedule's (:mod:`xl.config.schedule`: an endless training split, a
 curriculum's stages, a searching sweeper's objective). :mod:`xl.config.machine` adds what the machine allows. The
-model's own checks live with the model (:func:`xl.model.config.check_model`), which applies them to every
-:class:`~xl.model.config.XLConfig` and to the evaluation overrides of a checkpoint, so a Python user gets the same
-sentences; here they run on a composed config's values, named as the user writes them.
+model's rules live with the model (:mod:`xl.model.config`), which applies them all to every
+:class:`~xl.model.config.XLConfig` when it is made, so a Python user gets the same sentences; here the schema bounds
+each field alone, and the model's rules between fields (:func:`~xl.model.config.check_shape`) and of the context
+(:func:`~xl.model.config.check_context`, in training and in evaluation) run once on a composed config's values, named
+as the user writes them.
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from xl.config.schedule import check_schedule
 from xl.data.tokenizers import make_tokenizer
 from xl.model import memory_settings
-from xl.model.config import check_model
-from xl.model.memory_settings import check_grad_segments
+from xl.model.config import check_context, check_shape
 from xl.settings.bounds import schema_bounds, shown
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,11 @@ class ConfigError(ValueError):
 
 def config_key(name: str) -> str:
     return f"{GROUP_OF_FIELD.get(name, 'model')}.{name}"
+
+
+def eval_key(name: str) -> str:
+    """The evaluation's override of a context field (``memory.eval_mem_len``)."""
+    return f"memory.eval_{name}"
 
 
 # ---- the trainer, its callbacks and loggers ------------------------------------------------------------------
@@ -172,23 +178,18 @@ def check_added_keys(cfg: DictConfig) -> None:
 
 
 def check_memory(cfg: DictConfig) -> None:
-    """The shared context, then the variant's own rules against it (:class:`xl.model.memory_settings.MemoryConfig`):
-    same_length needs a memory (the attention window is mem_len keys wide, in training and in evaluation)."""
+    """The memory's context in training and in evaluation (:func:`xl.model.config.check_context`: same_length needs a
+    memory and a variant that allows it), then the variant's own rules against it
+    (:class:`xl.model.memory_settings.MemoryConfig`)."""
     memory = cfg.memory
-    if memory.same_length and memory.mem_len == 0:
-        raise ConfigError("memory.same_length=True needs mem_len > 0 (the window is memory.mem_len keys wide); "
-                          "set memory.mem_len or memory.same_length=false")
-    eval_mem_len = memory.mem_len if memory.eval_mem_len is None else memory.eval_mem_len
-    eval_same = memory.same_length if memory.eval_same_length is None else memory.eval_same_length
-    if eval_same and eval_mem_len == 0:
-        raise ConfigError("same_length in evaluation needs an evaluation memory, but memory.eval_mem_len is 0; "
-                          "set memory.eval_mem_len > 0 or memory.eval_same_length=false")
     lengths = {key: OmegaConf.select(cfg, key) for key in ("data.tgt_len", "data.eval_tgt_len", "memory.mem_len",
                                                           "memory.eval_mem_len")}
     try:
-        check_grad_segments(memory.grad_segments)
         variant = memory_settings.variant_config(memory, cfg)
-        variant.check_context(memory.same_length or bool(eval_same))
+        check_context(memory.mem_len, memory.same_length, variant, config_key)
+        check_context(memory.mem_len if memory.eval_mem_len is None else memory.eval_mem_len,
+                      memory.same_length if memory.eval_same_length is None else memory.eval_same_length, variant,
+                      eval_key)
         variant.check_window(memory.grad_segments, memory.mem_len)
         variant.check_lengths({key: length for key, length in lengths.items() if length is not None})
     except ValueError as err:
@@ -207,12 +208,12 @@ def model_values(cfg: DictConfig, vocab_size: int, fitted_cutoffs: list[int] | N
             "memory": memory_settings.variant_config(memory, cfg).to_dict()}
 
 
-def check_model_settings(values: Mapping[str, Any], fitted: bool = False) -> None:
-    """:func:`xl.model.config.check_model` on a composed config's values, naming the keys as the user writes them;
-    ``fitted``: the cutoffs are the data's, not known yet."""
+def check_shape_settings(values: Mapping[str, Any], fitted: bool = False) -> None:
+    """The rules between the model's fields (:func:`xl.model.config.check_shape`; the schema bounds each field alone)
+    on a composed config's values, naming the keys as the user writes them; ``fitted``: the cutoffs are the data's,
+    not known yet."""
     try:
-        memory = memory_settings.from_dict(values.get("memory"))
-        check_model(SimpleNamespace(**{**values, "memory": memory}), key=config_key, fitted=fitted)
+        check_shape(SimpleNamespace(**values), key=config_key, fitted=fitted)
     except (TypeError, ValueError) as err:
         raise ConfigError(str(err)) from None
 
@@ -239,7 +240,7 @@ def check_config(cfg: DictConfig, shape: bool = True, trainer: bool = True) -> N
     check_bounds(cfg)
     check_memory(cfg)
     if shape:
-        check_model_settings(model_values(cfg, vocabulary_bound(cfg)), fitted=cfg.model.get("cutoffs") is None)
+        check_shape_settings(model_values(cfg, vocabulary_bound(cfg)), fitted=cfg.model.get("cutoffs") is None)
     if trainer:
         try:
             check_trainer(cfg)

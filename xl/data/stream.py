@@ -29,8 +29,7 @@ def split_streams(ids: np.ndarray, batch_size: int, rank: int = 0, world_size: i
     The tail that does not fill a whole row is dropped; rank r owns rows ``r*batch_size … (r+1)*batch_size - 1``,
     so every kept token lies in exactly one row of one rank.
     """
-    if batch_size < 1:
-        raise DataError(f"data.batch_size must be at least 1, got {batch_size}")
+    assert batch_size >= 1, "data.batch_size is checked where it is set"
     if world_size < 1 or not 0 <= rank < world_size:
         raise DataError(f"rank {rank} is outside world size {world_size}; check trainer.devices and trainer.num_nodes")
     if ids.ndim != 1:

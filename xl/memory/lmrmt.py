@@ -33,7 +33,6 @@ import torch
 from torch import Tensor, nn
 
 from xl.memory.tokens import TokenMemory, TokensConfig
-from xl.model.config import check_context
 from xl.model.documents import Documents
 from xl.model.memory import Context, Segment, Size, Update
 
@@ -117,10 +116,6 @@ class LMRMTDecoder:
     on. So each token gets the logits of the forward read in segments, at a cost of the segment so far per token."""
 
     def __init__(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> None:
-        check_context(window, clamp_len, same_length)
-        model.memory.settings.check_context(same_length)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model, self.batch_size, self.window, self.clamp_len = model.eval(), batch_size, window, clamp_len
         self.period = model.memory.settings.seg_len
         self.state: list[Tensor] | None = None

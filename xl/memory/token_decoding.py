@@ -25,7 +25,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xl.model.config import check_context
 from xl.model.decoding import NO_DOCUMENT_START
 from xl.model.documents import Documents, positions
 from xl.model.eviction import leaving
@@ -42,11 +41,7 @@ class TokenDecoder:
     construction; the memory [B, n, d]. Build a new decoder after changing the weights."""
 
     def __init__(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> None:
-        check_context(window, clamp_len, same_length)
-        memory = model.memory
-        memory.settings.check_context(same_length)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        memory = model.memory  # batch_size and the context: checked by TransformerXL.decoder
         cfg = model.config
         self.model, self.memory, self.batch_size, self.window = model.eval(), memory, batch_size, window
         self.clamp_len = clamp_len

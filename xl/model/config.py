@@ -83,33 +83,37 @@ def xlconfig_key(name: str) -> str:
     return f"XLConfig.{name}"
 
 
-def check_model(c: Any, key: Callable[[str], str] = xlconfig_key, fitted: bool = False) -> None:
-    """The model's fields (an :class:`XLConfig`, or anything with its attributes); ``key`` names a field in errors;
-    ``fitted``: the cutoffs are fitted to the data later, and the rules that count clusters wait for them."""
+def check_model(c: Any, key: Callable[[str], str] = xlconfig_key) -> None:
+    """Every rule of an :class:`XLConfig` (or anything with its attributes): each field's range, the shape's rules
+    between fields and the context's; ``key`` names a field in errors."""
     for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner"):
         value = getattr(c, name)
         if not is_int(value) or value < 1:
             raise ValueError(f"{key(name)} must be a positive integer, got {value!r}")
-    if c.d_model % 2:
-        raise ValueError(f"{key('d_model')} must be even for sinusoidal positions, got {c.d_model}")
     for name in ("dropout", "dropatt"):
         value = getattr(c, name)
         if not 0.0 <= value < 1.0:
             raise ValueError(f"{key(name)} must be in [0, 1), got {value!r}")
-    check_context(c.mem_len, c.clamp_len, c.same_length)
+    if not is_int(c.div_val) or c.div_val < 1:
+        raise ValueError(f"{key('div_val')} must be a positive integer, got {c.div_val!r}")
+    if c.mem_dtype not in MEM_DTYPE_NAMES:
+        raise ValueError(f"{key('mem_dtype')} must be one of {sorted(MEM_DTYPE_NAMES)}, got {c.mem_dtype!r}")
+    check_lengths(c.mem_len, c.clamp_len, key)
+    check_shape(c, key)
+    check_context(c.mem_len, c.same_length, getattr(c, "memory", None), key)
+
+
+def check_shape(c: Any, key: Callable[[str], str] = xlconfig_key, fitted: bool = False) -> None:
+    """The rules between the shape's fields (a composed config's schema bounds each field alone); ``fitted``: the
+    cutoffs are fitted to the data later, and the rules that count clusters wait for them."""
+    if c.d_model % 2:
+        raise ValueError(f"{key('d_model')} must be even for sinusoidal positions, got {c.d_model}")
     cutoffs = list(c.cutoffs)
     if any(not is_int(x) for x in cutoffs) or cutoffs != sorted(set(cutoffs)) or (
             cutoffs and not 0 < cutoffs[0] <= cutoffs[-1] < c.vocab_size):
         raise ValueError(f"{key('cutoffs')} must be strictly increasing integers between 0 and vocab_size "
                          f"({c.vocab_size}), exclusive, got {cutoffs}")
-    if not is_int(c.div_val) or c.div_val < 1:
-        raise ValueError(f"{key('div_val')} must be a positive integer, got {c.div_val!r}")
     check_adaptive(c, None if fitted else cutoffs, key)
-    if c.mem_dtype not in MEM_DTYPE_NAMES:
-        raise ValueError(f"{key('mem_dtype')} must be one of {sorted(MEM_DTYPE_NAMES)}, got {c.mem_dtype!r}")
-    memory = getattr(c, "memory", None)
-    if isinstance(memory, MemoryConfig):
-        memory.check_context(c.same_length)
 
 
 def check_adaptive(c: Any, cutoffs: list[int] | None, key: Callable[[str], str] = xlconfig_key) -> None:
@@ -134,11 +138,20 @@ def check_adaptive(c: Any, cutoffs: list[int] | None, key: Callable[[str], str] 
                          "cutoffs")
 
 
-def check_context(mem_len: int, clamp_len: int, same_length: bool) -> None:
-    """The memory/attention context (also of an evaluation that overrides the checkpoint's)."""
-    if not isinstance(mem_len, int) or mem_len < 0:
-        raise ValueError(f"mem_len must be an integer >= 0, got {mem_len!r}")
-    if not isinstance(clamp_len, int) or clamp_len < -1 or clamp_len == 0:
-        raise ValueError(f"clamp_len must be -1 (off) or a positive integer, got {clamp_len!r}")
+def check_lengths(mem_len: int, clamp_len: int, key: Callable[[str], str] = xlconfig_key) -> None:
+    """The ranges of a context's lengths (also of an evaluation that overrides the checkpoint's)."""
+    if not is_int(mem_len) or mem_len < 0:
+        raise ValueError(f"{key('mem_len')} must be an integer >= 0, got {mem_len!r}")
+    if not is_int(clamp_len) or clamp_len < -1 or clamp_len == 0:
+        raise ValueError(f"{key('clamp_len')} must be -1 (off) or a positive integer, got {clamp_len!r}")
+
+
+def check_context(mem_len: int, same_length: bool, memory: MemoryConfig | None = None,
+                  key: Callable[[str], str] = xlconfig_key) -> None:
+    """same_length needs a memory (the attention window is mem_len keys wide) and a ``memory`` variant that allows it:
+    the rule of the model's context and of an evaluation's."""
     if same_length and mem_len == 0:
-        raise ValueError("same_length=True needs mem_len > 0: the attention window is mem_len keys wide")
+        raise ValueError(f"{key('same_length')}=True needs mem_len > 0 (the window is {key('mem_len')} keys wide); "
+                         f"set {key('mem_len')} or {key('same_length')}=false")
+    if memory is not None:
+        memory.check_context(same_length)

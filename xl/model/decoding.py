@@ -39,7 +39,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xl.model.config import check_context
 from xl.model.documents import Documents, key_offsets, positions
 from xl.model.eviction import leaving
 from xl.model.positions import relative_embeddings
@@ -58,13 +57,9 @@ class IncrementalDecoder:
     the weights at construction: build a new decoder (:meth:`TransformerXL.decoder`) after changing them."""
 
     def __init__(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> None:
-        check_context(window, clamp_len, same_length)
-        memory = model.memory
-        memory.settings.check_context(same_length)
+        memory = model.memory  # batch_size and the context: checked by TransformerXL.decoder
         if window < 1:
             raise ValueError("incremental decoding needs a memory: set mem_len (the decoder's window) >= 1")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         cfg = model.config
         self.model, self.batch_size, self.window = model.eval(), batch_size, window
         self.clamp_len, self.same_length = clamp_len, same_length

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from xl.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.model.attention import RelMultiHeadAttention
-from xl.model.config import XLConfig, check_context
+from xl.model.config import XLConfig, check_context, check_lengths
 from xl.model.documents import Documents
 from xl.model.dropout import Dropout
 from xl.model.layers import XLLayer
@@ -133,9 +133,14 @@ class TransformerXL(nn.Module):
         mode; build a new decoder after changing the weights.
         """
         cfg = self.config
-        return self.memory.decoder(self, batch_size, cfg.mem_len if window is None else window,
-                                   cfg.clamp_len if clamp_len is None else clamp_len,
-                                   cfg.same_length if same_length is None else same_length)
+        window = cfg.mem_len if window is None else window
+        clamp_len = cfg.clamp_len if clamp_len is None else clamp_len
+        same_length = cfg.same_length if same_length is None else same_length
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_lengths(window, clamp_len, key=str)  # the decoders trust what is checked here
+        check_context(window, same_length, self.memory.settings, key=str)
+        return self.memory.decoder(self, batch_size, window, clamp_len, same_length)
 
     @property
     def device(self) -> torch.device:
@@ -208,9 +213,12 @@ class TransformerXL(nn.Module):
         mem_len = cfg.mem_len if mem_len is None else mem_len
         clamp_len = cfg.clamp_len if clamp_len is None else clamp_len
         same_length = cfg.same_length if same_length is None else same_length
-        check_context(mem_len, clamp_len, same_length)
-        memory.settings.check_context(same_length)
-        if not detach_memory:  # the next segment's gradient reaches this one: a window of two segments
+        assert mem_len >= 0 and (clamp_len == -1 or clamp_len > 0), "lengths are checked where they are set"
+        # What a caller asks of the memory that its variant may refuse: same_length, and (detach_memory=False) the
+        # next segment's gradient reaching this one, a window of two segments.
+        if same_length and (mem_len != cfg.mem_len or not cfg.same_length):  # a context XLConfig did not check
+            check_context(mem_len, same_length, memory.settings, key=str)
+        if not detach_memory:
             memory.settings.check_window(2, mem_len)
         B = input_ids.size(0)
         state = self.init_mems(B) if mems is None else memory.adopt(mems, B, mem_len)

@@ -24,9 +24,9 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from lightning.pytorch.plugins import CheckpointIO
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from xl.config import machine
 from xl.config.machine import check_device, run_estimate, uses_cuda
-from xl.config.machine import check_fits as check_estimate
-from xl.config.rules import ConfigError, check_config, config_key, model_values, vocabulary_bound
+from xl.config.rules import ConfigError, check_config, config_key, model_values
 from xl.data import DataError
 from xl.data.metrics import FALLBACK_BITS
 from xl.device.footprint import available_memory
@@ -42,9 +42,6 @@ from xl.training.loop.module import XLLitModule
 from xl.training.services.console import TRAINER_DEFAULTS
 
 log = logging.getLogger(__name__)
-# Kept importable from here for the entry points and tests.
-__all__ = ["ConfigError", "Run", "build_run", "check_device", "check_fits", "check_settings", "model_config",
-           "run_estimate", "uses_cuda", "vocabulary_bound", "xl_config"]
 
 
 @dataclass
@@ -54,20 +51,6 @@ class Run:
     trainer: L.Trainer
     ckpt_path: str | None = None  # resolved and checked checkpoint to resume or evaluate
     resume: Resume | None = None  # the fit this run continues (ckpt_path with train=true)
-
-
-def check_settings(cfg: DictConfig) -> None:
-    """Every rule of the training config that needs neither data nor device (:func:`xl.config.rules.check_config`)."""
-    check_config(cfg)
-
-
-def xl_config(cfg: DictConfig, vocab_size: int | None = None) -> XLConfig:
-    """The model's XLConfig (checked); ``vocab_size`` defaults to :func:`vocabulary_bound`."""
-    values = model_values(cfg, vocab_size or vocabulary_bound(cfg))
-    try:
-        return XLConfig.from_dict(values)
-    except (TypeError, ValueError) as err:
-        raise model_error(err) from None
 
 
 def model_error(err: Exception) -> ConfigError:
@@ -89,11 +72,8 @@ def check_fits(cfg: DictConfig, vocab_size: int | None = None, warn: bool = True
     def need(trial: DictConfig) -> int:
         return run_estimate(trial, vocab_size)[0].total * processes
 
-    check_estimate(footprint, processes, *available_memory(uses_cuda(cfg)), warn=warn,
-                   lower=lambda: setting_to_lower(cfg, need))
-
-
-model_config = model_values  # XLConfig's fields from a composed config
+    machine.check_fits(footprint, processes, *available_memory(uses_cuda(cfg)), warn=warn,
+                       lower=lambda: setting_to_lower(cfg, need))
 
 
 def make_datamodule(cfg: DictConfig) -> Any:
@@ -133,7 +113,7 @@ def build_datamodule(cfg: DictConfig) -> Any:
 def build_module(cfg: DictConfig, datamodule: Any) -> XLLitModule:
     try:
         module = XLLitModule(
-            model=model_config(cfg, datamodule.vocab_size, datamodule.default_cutoffs),
+            model=model_values(cfg, datamodule.vocab_size, datamodule.default_cutoffs),
             optim=OmegaConf.to_container(cfg.optim, resolve=True),
             eval_mem_len=cfg.memory.eval_mem_len,
             eval_same_length=cfg.memory.eval_same_length,
@@ -143,7 +123,7 @@ def build_module(cfg: DictConfig, datamodule: Any) -> XLLitModule:
             doc_boundaries=cfg.memory.get("doc_boundaries") or "ignore",
             grad_segments=cfg.memory.get("grad_segments", 1),
         )
-    except (TypeError, ValueError) as err:  # the vocabulary's: check_settings saw the rest
+    except (TypeError, ValueError) as err:  # the vocabulary's: check_config saw the rest
         raise model_error(err) from err
     compile_cfg = cfg.get("compile") or {}
     if compile_cfg.get("enabled"):
@@ -264,7 +244,7 @@ def build_run(cfg: DictConfig) -> Run:
     model, checkpoint, trainer."""
     resume = Resume.open(cfg)  # ckpt_path with train=true: its checkpoint, read once
     initial = start_from(cfg)  # init_from: the model's shape is the checkpoint's
-    check_settings(cfg)
+    check_config(cfg)
     check_device(cfg)
     datamodule = make_datamodule(cfg)
     if resume is not None:

@@ -20,8 +20,9 @@ from tests.integration.test_experiments import closed_form_parameters
 from xl.config import schema as xl_schema
 from xl.config.callback_schema import CALLBACKS, LOGGERS
 from xl.config.compose import compose as compose_or_explain
+from xl.config.machine import check_device
 from xl.config.reference import generated_part, reference
-from xl.config.rules import check_memory
+from xl.config.rules import ConfigError, check_memory, model_values
 from xl.config.schema import SCHEMAS, FilesDataSchema, ModelSchema, OptimConfig
 from xl.data import SegmentDataModule
 from xl.data.tokenizers import TOKENIZERS
@@ -29,7 +30,7 @@ from xl.device.footprint import PRECISION_BYTES
 from xl.model.config import XLConfig
 from xl.model.memory_settings import DEFAULT_TARGET, MemorySettings, config_class, variant_config
 from xl.model.transformer import count_parameters
-from xl.training.build import ConfigError, build_callbacks, build_loggers, check_device, model_config
+from xl.training.build import build_callbacks, build_loggers
 from xl.training.loop.module import XLLitModule
 
 
@@ -55,7 +56,7 @@ MODEL_SHAPES = {  # (n_layer, n_head, d_model, d_head, d_inner, dropout), parame
 @pytest.mark.parametrize("option", options("model"))
 def test_model_options(option):
     cfg = compose_config(f"model={option}")
-    config = XLConfig.from_dict(model_config(cfg, vocab_size=256))
+    config = XLConfig.from_dict(model_values(cfg, vocab_size=256))
     shape, params = MODEL_SHAPES[option]
     m = cfg.model
     assert (m.n_layer, m.n_head, m.d_model, m.d_head, m.d_inner, m.dropout) == shape

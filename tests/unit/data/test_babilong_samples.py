@@ -206,10 +206,10 @@ def test_bad_data_settings_are_refused_in_one_sentence(settings, message):
 
 def test_the_babilong_experiment_composes_and_passes_every_rule():
     from tests.conftest import compose_config
-    from xl.training.build import check_settings
+    from xl.config.rules import check_config
 
     cfg = compose_config("experiment=babilong")
-    check_settings(cfg)
+    check_config(cfg)
     assert (cfg.data._target_, list(cfg.data.tasks), cfg.data.loss) == ("xl.data.babilong.data.BabilongDataModule",
                                                                         ["qa1"], "answer")
     assert cfg.memory.doc_boundaries == "reset"

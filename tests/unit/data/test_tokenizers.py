@@ -374,8 +374,9 @@ def test_prompts_round_trip_through_the_datamodule_tokenizer(tmp_path, corpus):
 def test_the_softmax_fits_the_vocabulary_unless_the_model_sets_its_clusters(tmp_path, corpus):
     """model.cutoffs=null (the default): one softmax for a small or unranked vocabulary, adaptive beyond."""
     from tests.conftest import compose_config, tiny_overrides
+    from xl.config.rules import model_values
     from xl.data.tokenizers import default_cutoffs
-    from xl.training.build import build_run, model_config
+    from xl.training.build import build_run
 
     run = build_run(compose_config(*tiny_overrides(tmp_path, corpus), "data.tokenizer=bpe",
                                    "+data.tokenizer_kwargs.vocab_size=320"))
@@ -383,9 +384,9 @@ def test_the_softmax_fits_the_vocabulary_unless_the_model_sets_its_clusters(tmp_
     assert default_cutoffs(50257, True) == [8192] and default_cutoffs(267735, True) == [8192, 32768, 131072]
     assert default_cutoffs(50257, False) == []  # byte/char ids are not ordered by frequency
     cfg = compose_config(*tiny_overrides(tmp_path, corpus))
-    assert model_config(cfg, 50257, [8192])["cutoffs"] == [8192]
+    assert model_values(cfg, 50257, [8192])["cutoffs"] == [8192]
     cfg.model.cutoffs = [100]
-    assert model_config(cfg, 50257, [8192])["cutoffs"] == [100]
+    assert model_values(cfg, 50257, [8192])["cutoffs"] == [100]
 
 
 def test_fingerprint_tells_tokenizers_of_one_size_apart():

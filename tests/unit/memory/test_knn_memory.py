@@ -269,8 +269,9 @@ def test_resume_is_exact_with_the_stores_in_the_checkpoint(tmp_path, corpus):
 
 def test_the_settings_compose_from_the_command_line(tmp_path, corpus):
     from tests.conftest import compose_config, tiny_overrides
+    from xl.config.rules import ConfigError
     from xl.model.memory_settings import variant_config
-    from xl.training.build import ConfigError, build_run
+    from xl.training.build import build_run
 
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), "memory=knn", "memory.knn_layers=[0,1]",
                          "memory.mem_len=0")

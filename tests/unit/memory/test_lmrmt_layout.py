@@ -215,7 +215,7 @@ def test_documents_are_refused_in_one_sentence():
 
 
 def test_doc_boundaries_reset_is_refused_before_any_work(tmp_path, corpus):
-    from xl.training.build import ConfigError
+    from xl.config.rules import ConfigError
 
     with pytest.raises(ConfigError, match="^memory=lmrmt reads one endless text per row, as LM-RMT; set "
                                           "memory.doc_boundaries=ignore$"):

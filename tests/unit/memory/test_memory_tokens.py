@@ -16,9 +16,10 @@ from tests.conftest import compose_config, tiny_overrides
 from tests.helpers.memories import xl_config
 from tests.helpers.reference import position_embedding
 from xl.config.compose import compose
+from xl.config.rules import ConfigError
 from xl.model.documents import Documents, positions
 from xl.model.transformer import TransformerXL
-from xl.training.build import ConfigError, build_run
+from xl.training.build import build_run
 from xl.training.services.sweep import columns
 
 TINY = dict(vocab_size=23, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, dropout=0.0)

@@ -412,3 +412,19 @@ def test_position_tables_are_reused_and_bounded():
         for length in range(1, 3 * CONTEXT_CACHE_SIZE):  # a growing window, as the vanilla baseline reads
             model(torch.zeros(1, length, dtype=torch.long), mem_len=0)
     assert len(model._context_cache) == CONTEXT_CACHE_SIZE
+
+
+def test_the_forward_trusts_the_context_its_config_checked(monkeypatch):
+    """XLConfig checks its context once, when it is made; a forward over that context checks nothing again, and one
+    given another context with same_length asks the memory once."""
+    model = make_model(mem_len=4, same_length=True)
+    asked = []
+    monkeypatch.setattr(type(model.config.memory), "check_context", lambda self, same_length: asked.append(same_length))
+    tokens = torch.zeros(1, 4, dtype=torch.long)
+    with torch.no_grad():
+        model(tokens)
+        model(tokens, mem_len=4, same_length=True)
+        model(tokens, mem_len=2)
+    assert asked == [True]
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        model.decoder(0)

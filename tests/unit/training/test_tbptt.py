@@ -18,11 +18,12 @@ from torch.utils.data import DataLoader
 from tests.conftest import compose_config, tiny_overrides
 from tests.helpers.reference import reference_attention
 from xl.config.compose import compose
+from xl.config.rules import ConfigError
 from xl.device.footprint import segment_activation_bytes
 from xl.model import attention
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
-from xl.training.build import ConfigError, build_run
+from xl.training.build import build_run
 from xl.training.loop.module import XLLitModule
 from xl.training.loop.optim import warmup_cosine
 

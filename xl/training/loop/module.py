@@ -24,11 +24,12 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from xl.config.rules import eval_key
 from xl.config.schema import OptimConfig
-from xl.data.metrics import UNITS, LMMetrics, quality, quality_name
+from xl.data.metrics import LMMetrics, quality, quality_name
 from xl.device.footprint import memory_bytes
 from xl.memory.store import MemoryStore, packed_size
-from xl.model.config import XLConfig, check_context
+from xl.model.config import XLConfig, check_context, check_lengths
 from xl.model.documents import Documents, split_batch, target_bytes
 from xl.model.memory_settings import DOC_BOUNDARIES, check_grad_segments
 from xl.model.transformer import TransformerXL, XLOutput
@@ -69,7 +70,7 @@ class XLLitModule(L.LightningModule):
         ``ignore`` reads each stream as one text (and is what a checkpoint without the setting was trained with)."""
         super().__init__()
         self.save_hyperparameters()
-        self.config = XLConfig.from_dict(dict(model))
+        self.config = XLConfig.from_dict(dict(model))  # the model's rules, its training context's among them
         check_grad_segments(grad_segments)
         self.config.memory.check_window(grad_segments, self.config.mem_len)
         self.grad_segments = grad_segments
@@ -80,16 +81,14 @@ class XLLitModule(L.LightningModule):
             "same_length": self.config.same_length if eval_same_length is None else eval_same_length,
             "clamp_len": self.config.clamp_len if eval_clamp_len is None else eval_clamp_len,
         }
-        check_context(**self.eval_context)
-        if unit not in UNITS:
-            raise ValueError(f"unit must be one of {list(UNITS)}, got {unit!r}")
+        # The evaluation context is made here: refused now, not by the first forward, which trusts it.
+        check_lengths(self.eval_context["mem_len"], self.eval_context["clamp_len"], eval_key)
+        check_context(self.eval_context["mem_len"], self.eval_context["same_length"], self.config.memory, eval_key)
         self.unit = unit
         self.nonfinite = NonFiniteSteps(max_nonfinite_steps)  # the non-finite policy: xl.training.loop.nonfinite
         if doc_boundaries not in DOC_BOUNDARIES:
             raise ValueError(f"memory.doc_boundaries must be reset or ignore, got {doc_boundaries!r}")
         self.doc_boundaries = doc_boundaries
-        # An evaluation context the memory cannot serve is refused here, before a run, not by the first forward.
-        self.config.memory.check_context(self.eval_context["same_length"])
         if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context["mem_len"]):
             log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
                      "segment are hidden")
@@ -99,7 +98,8 @@ class XLLitModule(L.LightningModule):
         self.data_identity: dict[str, str] | None = None  # the data module's identity, from setup; likewise
         self.train_tgt_len: int | None = None  # the training segment length, from setup; likewise
         # Per stage: summed NLL, tokens and their UTF-8 bytes (reduced across ranks exactly), for the loss, the
-        # unit's figure and bits per byte. No NaN checks inside: they would wait for the device every step.
+        # unit's figure and bits per byte (an unknown unit is refused there). No NaN checks inside: they would wait
+        # for the device every step.
         self.metrics = LMMetrics(unit)
 
     # ---- one segment ----------------------------------------------------------------------------
