@@ -81,6 +81,9 @@ SKIP = {
         "five trainings and scorings; the one-seed commands above it run",
     "python -m xl.probe data.source.gap=400 memory=compressive memory.cmem_len=16 memory.cmem_rate=4 --mem-lens 16 "
     "--seeds 1 2 3 4 5": "five trainings; the one-seed commands above it run",
+    "python -m xl.probe data.source.gap=400 memory=compressive memory.cmem_len=16 memory.cmem_rate=4 --mem-lens 16 "
+    "--seeds 1 2 3 4 5 --score data.source.gap=1100 data.source.eval_episodes=200 "
+    "data.source.distances=[16,48,96,160,512,1024]": "five trainings and scorings; the one-seed commands above it run",
     "python -m xl.probe memory.grad_segments=2 --mem-lens 32 --steps 1500 --seeds 1 2 3 4 5":
         "five trainings; the one-seed commands above it run",
     "python -m xl.probe memory.grad_segments=4 --mem-lens 32 --steps 750 --seeds 1 2 3 4 5":
