@@ -6,9 +6,10 @@ from xl.bench.tokens import main, memories
 
 
 def test_the_token_memories_share_the_plain_cache_or_have_none():
-    plain, both, alone = memories(128, 4, 64).values()
-    assert plain == {"mem_len": 128} and both["mem_len"] == 128 and alone["mem_len"] == 0
-    assert both["memory"].num_tokens == alone["memory"].num_tokens == 4 and both["memory"].seg_len == 64
+    plain, both, alone, lmrmt = memories(128, 4, 64).values()
+    assert plain == {"mem_len": 128} and both["mem_len"] == 128 and alone["mem_len"] == lmrmt["mem_len"] == 0
+    assert both["memory"].num_tokens == alone["memory"].num_tokens == lmrmt["memory"].num_tokens == 4
+    assert both["memory"].seg_len == lmrmt["memory"].seg_len == 64 and lmrmt["memory"].name == "lmrmt"
 
 
 def test_command_prints_each_memory_and_mode(capsys):

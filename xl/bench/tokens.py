@@ -1,11 +1,12 @@
 """What memory tokens cost in speed: ``python -m xl.bench.tokens``.
 
-Config S (``python -m xl.bench``'s model) with three memories, interleaved round by round in one process so that a
+Config S (``python -m xl.bench``'s model) with four memories, interleaved round by round in one process so that a
 shared CPU slows them alike:
 
 - ``plain M``: Transformer-XL with ``mem_len = M``;
 - ``M + n tokens``: the same cache with ``n`` memory tokens read and written every segment (``memory=tokens``);
-- ``n tokens``: the memory tokens alone (``mem_len = 0``).
+- ``n tokens``: the memory tokens alone (``mem_len = 0``);
+- ``n tokens, LM-RMT``: memory tokens laid out as LM-RMT's models, alone (``memory=lmrmt``'s default).
 
 Each is timed in training (forward, backward, AdamW; :class:`xl.bench.runner.SegmentRunner`) and in evaluation
 (segments with cached keys/values), in text tokens per second, and reported against ``plain M``. A segment of
@@ -22,6 +23,7 @@ import torch
 
 from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S, cpu_model, interleaved_rates, report_ratios
+from xl.memory.lmrmt import LMRMTConfig
 from xl.memory.tokens import TokensConfig
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
@@ -31,11 +33,13 @@ MODES = ("train", "eval")
 
 
 def memories(mem_len: int, num_tokens: int, tgt_len: int) -> dict[str, dict[str, Any]]:
-    """The three memories compared (see the module docstring), as config overrides."""
+    """The memories compared (see the module docstring), as config overrides."""
     tokens = {"memory": TokensConfig(num_tokens=num_tokens, seg_len=tgt_len)}
     return {f"plain {mem_len}": {"mem_len": mem_len},
             f"{mem_len} + {num_tokens} tokens": {"mem_len": mem_len, **tokens},
-            f"{num_tokens} tokens": {"mem_len": 0, **tokens}}
+            f"{num_tokens} tokens": {"mem_len": 0, **tokens},
+            f"{num_tokens} tokens, LM-RMT": {"mem_len": 0,
+                                             "memory": LMRMTConfig(num_tokens=num_tokens, seg_len=tgt_len)}}
 
 
 def rates(mem_len: int, num_tokens: int, batch: int, tgt_len: int, steps: int, rounds: int) -> dict[str, list[float]]:
