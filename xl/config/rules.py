@@ -187,9 +187,8 @@ def check_memory(cfg: DictConfig) -> None:
     try:
         variant = memory_settings.variant_config(memory, cfg)
         check_context(memory.mem_len, memory.same_length, variant, config_key)
-        check_context(memory.mem_len if memory.eval_mem_len is None else memory.eval_mem_len,
-                      memory.same_length if memory.eval_same_length is None else memory.eval_same_length, variant,
-                      eval_key)
+        evaluated = memory_settings.evaluation_context(memory_settings.eval_overrides(memory), memory)
+        check_context(evaluated["mem_len"], evaluated["same_length"], variant, eval_key)
         variant.check_window(memory.grad_segments, memory.mem_len)
         variant.check_lengths({key: length for key, length in lengths.items() if length is not None})
     except ValueError as err:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from xl.model import memory_settings
-from xl.model.memory_settings import MEM_DTYPE_NAMES, MemoryConfig
+from xl.model.memory_settings import MEM_DTYPE_NAMES, MemoryConfig, MemoryContext
 from xl.settings.bounds import is_int
 
 if TYPE_CHECKING:
@@ -28,9 +28,10 @@ class XLConfig:
     d_inner: int = 1024
     dropout: float = 0.1
     dropatt: float = 0.0
-    mem_len: int = 128
-    clamp_len: int = -1  # -1: no clamping; else distances beyond clamp_len share one embedding
-    same_length: bool = False  # every query attends over exactly mem_len keys (itself included)
+    # The memory's context (declared with its bounds and help by MemoryContext, whose defaults these are).
+    mem_len: int = MemoryContext.mem_len
+    clamp_len: int = MemoryContext.clamp_len
+    same_length: bool = MemoryContext.same_length
     pre_lnorm: bool = False
     tie_weights: bool = True  # output word vectors = input embedding
     # Adaptive input and softmax (word-level vocabularies, xl.model.adaptive): cluster boundaries in the
@@ -48,7 +49,7 @@ class XLConfig:
     # dtype, float32 under 32-true and the mixed precisions (a rounded cache feeds rounding error into every
     # later segment). "bfloat16"/"float16" round the cached states, halving the cache. (bf16-true computes bf16
     # states.)
-    mem_dtype: str = "float32"
+    mem_dtype: str = MemoryContext.mem_dtype
     # The memory variant and its own settings (xl.model.memory_settings): the plain cache by default. A mapping (a
     # checkpoint's record, with its _target_) is read into the variant's config.
     memory: MemoryConfig = field(default_factory=lambda: memory_settings.from_dict(None))

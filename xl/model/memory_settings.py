@@ -1,4 +1,5 @@
-"""A memory's settings: the context every memory shares (:class:`MemorySettings`) and each variant's own
+"""A memory's settings: the context every memory shares (:class:`MemoryContext`, the ``memory`` group's schema
+:data:`MemorySettings` made from it) and each variant's own
 (:class:`MemoryConfig`, subclassed beside the variant's code).
 
 The ``memory`` group of ``conf/`` is one flat node: the shared context (``mem_len``, ``eval_mem_len``, ...,
@@ -27,7 +28,7 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from xl.settings.bounds import Bound, at_least, check_fields, is_int, one_of, optional, setting
+from xl.settings.bounds import Bound, at_least, bound_of, check_fields, is_int, nullable, one_of, setting
 
 if TYPE_CHECKING:
     from xl.model.config import XLConfig
@@ -38,28 +39,81 @@ DOC_BOUNDARIES = ("reset", "ignore")
 DEFAULT_TARGET = "xl.memory.cache.CacheConfig"
 COUNT = at_least(0)
 CLAMP = Bound("-1 (no clamping) or a positive integer", lambda v: v == -1 or (is_int(v) and v > 0))
-CLAMP_OR_NULL = Bound("null, -1 (no clamping) or a positive integer",
-                      lambda v: v is None or v == -1 or (is_int(v) and v > 0))
 
 
 @dataclass
-class MemorySettings:
-    """``memory``: the variant, and the context of training and of evaluation (``eval_*``: null takes the training
-    value) that every memory shares."""
+class MemoryContext:
+    """The context every memory shares: what a segment attends over, how the memory is stored, where documents and
+    gradients stop. Each field is declared here once, with its bound and help; the ``memory`` group's schema
+    (:data:`MemorySettings`) and the overrides of ``python -m xl.evaluate`` and ``python -m xl.generate`` are made from
+    these fields (:func:`override`), and :func:`evaluation_context` resolves the context an evaluation uses."""
 
-    _target_: str = setting(DEFAULT_TARGET, help="the variant's config class (its own settings follow)")
     mem_len: int = setting(128, bound=COUNT, help="positions of memory per layer; 0: none")
-    eval_mem_len: int | None = setting(None, bound=optional(COUNT), help="the memory length of evaluation")
     clamp_len: int = setting(-1, bound=CLAMP, help="-1: off; else distances beyond it share one embedding")
-    eval_clamp_len: int | None = setting(None, bound=CLAMP_OR_NULL, help="the clamp length of evaluation")
     same_length: bool = setting(False, help="every query attends over exactly mem_len keys")
-    eval_same_length: bool | None = setting(None, help="same_length in evaluation")
     mem_dtype: str = setting("float32", bound=one_of(*sorted(MEM_DTYPE_NAMES)),
                              help="the memory's storage: float32 (never rounded), bfloat16 or float16 (half the bytes)")
     doc_boundaries: str = setting("reset", bound=one_of(*DOC_BOUNDARIES, words="reset or ignore"),
                                   help="reset: a token sees only its own document; ignore: one endless text per row")
     grad_segments: int = setting(1, bound=at_least(1), help="k: gradients cross segments inside windows of k "
                                                              "(1: Transformer-XL's stop-gradient)")
+
+
+#: The fields of the context an evaluation may give other values than training's (``memory.eval_X``).
+EVALUATED = ("mem_len", "clamp_len", "same_length")
+
+
+def override(name: str, help: str) -> tuple[Any, dataclasses.Field]:
+    """The type and field of a setting that overrides the context's field ``name``: its type or null, null by default
+    (the value it overrides stays), its bound or null, and ``help``."""
+    f = next(f for f in dataclasses.fields(MemoryContext) if f.name == name)
+    bound = bound_of(f)
+    return (typing.get_type_hints(MemoryContext)[name] | None,
+            setting(None, bound=None if bound is None else nullable(bound), help=help))
+
+
+def overrides(cls_name: str, doc: str, helps: dict[str, tuple[str, str]]) -> type:
+    """A dataclass of overrides (``doc`` its docstring), one field per ``{field name: (context field it overrides,
+    help)}``."""
+    cls = dataclasses.make_dataclass(cls_name, [(name, *override(of, help)) for name, (of, help) in helps.items()])
+    cls.__doc__, cls.__module__ = doc, __name__
+    return cls
+
+
+def _train_node() -> type:
+    """``memory``: the variant, and the context of training and of evaluation (``eval_*``: null takes the training
+    value) that every memory shares."""
+    hints = typing.get_type_hints(MemoryContext)
+    specs: list[tuple] = [("_target_", str, setting(DEFAULT_TARGET, help="the variant's config class (its own "
+                                                                          "settings follow)"))]
+    for f in dataclasses.fields(MemoryContext):
+        specs.append((f.name, hints[f.name], _copy(f)))
+        if f.name in EVALUATED:
+            specs.append((f"eval_{f.name}", *override(f.name, f"{f.name} in evaluation; null: {f.name}")))
+    cls = dataclasses.make_dataclass("MemorySettings", specs)
+    cls.__doc__, cls.__module__ = _train_node.__doc__, __name__
+    return cls
+
+
+def evaluation_context(*layers: Any) -> dict[str, Any]:
+    """The context an evaluation uses: each field of :data:`EVALUATED` from the first of ``layers`` that sets it (not
+    null): the overrides first, the trained context (which sets them all) last. A layer is a mapping or a config
+    (``DictConfig``, :class:`xl.model.config.XLConfig`); :func:`eval_overrides` reads a training config's
+    ``memory.eval_X``."""
+    context = {name: next((v for v in (_get(layer, name) for layer in layers) if v is not None), None)
+               for name in EVALUATED}
+    missing = [name for name, value in context.items() if value is None]
+    assert not missing, f"the trained context sets {missing}"
+    return context
+
+
+def eval_overrides(values: Any) -> dict[str, Any]:
+    """The ``eval_X`` of ``values`` (a ``memory`` node, a module's hyper-parameters) as the overrides of ``X``."""
+    return {name: _get(values, f"eval_{name}") for name in EVALUATED}
+
+
+def _get(layer: Any, name: str) -> Any:
+    return layer.get(name) if hasattr(layer, "get") else getattr(layer, name, None)
 
 
 @dataclass
@@ -194,6 +248,10 @@ def _copy(f: dataclasses.Field) -> dataclasses.Field:
     if f.default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=f.default_factory, metadata=f.metadata)
     return dataclasses.field(default=f.default, metadata=f.metadata)
+
+
+#: The ``memory`` group's schema: the shared context of :class:`MemoryContext` with the variant's ``_target_``.
+MemorySettings = _train_node()
 
 
 def variant_config(memory: Any, run: Any = None) -> MemoryConfig:

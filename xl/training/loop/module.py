@@ -31,7 +31,7 @@ from xl.device.footprint import memory_bytes
 from xl.memory.store import MemoryStore, packed_size
 from xl.model.config import XLConfig, check_context, check_lengths
 from xl.model.documents import Documents, split_batch, target_bytes
-from xl.model.memory_settings import DOC_BOUNDARIES, check_grad_segments
+from xl.model.memory_settings import DOC_BOUNDARIES, check_grad_segments, evaluation_context
 from xl.model.transformer import TransformerXL, XLOutput
 from xl.training.checkpoints.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
 from xl.training.loop.nonfinite import NonFiniteSteps
@@ -76,11 +76,8 @@ class XLLitModule(L.LightningModule):
         self.grad_segments = grad_segments
         self.window = GradientWindow(grad_segments)  # gradients through windows of segments: xl.training.loop.window
         self.optim = OptimConfig(**(optim or {}))
-        self.eval_context = {
-            "mem_len": self.config.mem_len if eval_mem_len is None else eval_mem_len,
-            "same_length": self.config.same_length if eval_same_length is None else eval_same_length,
-            "clamp_len": self.config.clamp_len if eval_clamp_len is None else eval_clamp_len,
-        }
+        self.eval_context = evaluation_context(
+            {"mem_len": eval_mem_len, "clamp_len": eval_clamp_len, "same_length": eval_same_length}, self.config)
         # The evaluation context is made here: refused now, not by the first forward, which trusts it.
         check_lengths(self.eval_context["mem_len"], self.eval_context["clamp_len"], eval_key)
         check_context(self.eval_context["mem_len"], self.eval_context["same_length"], self.config.memory, eval_key)
