@@ -11,8 +11,8 @@ curriculum's stages, a searching sweeper's objective). :mod:`xl.config.machine` 
 model's rules live with the model (:mod:`xl.model.config`), which applies them all to every
 :class:`~xl.model.config.XLConfig` when it is made, so a Python user gets the same sentences; here the schema bounds
 each field alone, and the model's rules between fields (:func:`~xl.model.config.check_shape`) and of the context
-(:func:`~xl.model.config.check_context`, in training and in evaluation) run once on a composed config's values, named
-as the user writes them.
+(:func:`~xl.model.memory_settings.check_context`, in training and in evaluation) run once on a composed config's
+values, named as the user writes them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from xl.config.schedule import check_schedule
 from xl.data.tokenizers import make_tokenizer
 from xl.model import memory_settings
-from xl.model.config import check_context, check_shape
+from xl.model.config import check_shape
+from xl.model.memory_settings import check_context
 from xl.settings.bounds import schema_bounds, shown
 
 log = logging.getLogger(__name__)
@@ -178,8 +179,8 @@ def check_added_keys(cfg: DictConfig) -> None:
 
 
 def check_memory(cfg: DictConfig) -> None:
-    """The memory's context in training and in evaluation (:func:`xl.model.config.check_context`: same_length needs a
-    memory and a variant that allows it), then the variant's own rules against it
+    """The memory's context in training and in evaluation (:func:`xl.model.memory_settings.check_context`:
+    same_length needs a memory and a variant that allows it), then the variant's own rules against it
     (:class:`xl.model.memory_settings.MemoryConfig`)."""
     memory = cfg.memory
     lengths = {key: OmegaConf.select(cfg, key) for key in ("data.tgt_len", "data.eval_tgt_len", "memory.mem_len",

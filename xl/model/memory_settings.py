@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import importlib
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -114,6 +115,28 @@ def eval_overrides(values: Any) -> dict[str, Any]:
 
 def _get(layer: Any, name: str) -> Any:
     return layer.get(name) if hasattr(layer, "get") else getattr(layer, name, None)
+
+
+# ---- the context's rules -------------------------------------------------------------------------------------------
+def check_values(values: Mapping[str, Any], key: Callable[[str], str] = str) -> None:
+    """Each of ``values`` (fields of :class:`MemoryContext` given outside a composed config, whose schema bounds them:
+    an :class:`~xl.model.config.XLConfig`, an evaluation's overrides, a decoder's context) within the bound declared
+    beside it; ValueError in one sentence naming ``key(name)``."""
+    for f in dataclasses.fields(MemoryContext):
+        bound = bound_of(f)
+        if f.name in values and bound is not None and not bound.allows(values[f.name]):
+            raise ValueError(f"{key(f.name)} must be {bound.says}, got {values[f.name]!r}")
+
+
+def check_context(mem_len: int, same_length: bool, memory: MemoryConfig | None = None,
+                  key: Callable[[str], str] = str) -> None:
+    """same_length needs a memory (the attention window is mem_len keys wide) and a ``memory`` variant that allows it:
+    the rule between the context's fields, of a model's context and of an evaluation's."""
+    if same_length and mem_len == 0:
+        raise ValueError(f"{key('same_length')}=True needs mem_len > 0 (the window is {key('mem_len')} keys wide); "
+                         f"set {key('mem_len')} or {key('same_length')}=false")
+    if memory is not None:
+        memory.check_context(same_length)
 
 
 @dataclass

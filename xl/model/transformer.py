@@ -20,12 +20,12 @@ from torch import Tensor, nn
 
 from xl.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.model.attention import RelMultiHeadAttention
-from xl.model.config import XLConfig, check_context, check_lengths
+from xl.model.config import XLConfig
 from xl.model.documents import Documents
 from xl.model.dropout import Dropout
 from xl.model.layers import XLLayer
 from xl.model.memory import Segment
-from xl.model.memory_settings import evaluation_context
+from xl.model.memory_settings import check_context, check_values, evaluation_context
 from xl.model.positions import attention_mask, sinusoid
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ class TransformerXL(nn.Module):
         window, clamp_len, same_length = context["mem_len"], context["clamp_len"], context["same_length"]
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        check_lengths(window, clamp_len, key=str)  # the decoders trust what is checked here
+        check_values(context)  # the decoders trust what is checked here
         check_context(window, same_length, self.memory.settings, key=str)
         return self.memory.decoder(self, batch_size, window, clamp_len, same_length)
 

@@ -29,9 +29,15 @@ from xl.config.schema import OptimConfig
 from xl.data.metrics import LMMetrics, quality, quality_name
 from xl.device.footprint import memory_bytes
 from xl.memory.store import MemoryStore, packed_size
-from xl.model.config import XLConfig, check_context, check_lengths
+from xl.model.config import XLConfig
 from xl.model.documents import Documents, split_batch, target_bytes
-from xl.model.memory_settings import DOC_BOUNDARIES, check_grad_segments, evaluation_context
+from xl.model.memory_settings import (
+    DOC_BOUNDARIES,
+    check_context,
+    check_grad_segments,
+    check_values,
+    evaluation_context,
+)
 from xl.model.transformer import TransformerXL, XLOutput
 from xl.training.checkpoints.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
 from xl.training.loop.nonfinite import NonFiniteSteps
@@ -79,7 +85,7 @@ class XLLitModule(L.LightningModule):
         self.eval_context = evaluation_context(
             {"mem_len": eval_mem_len, "clamp_len": eval_clamp_len, "same_length": eval_same_length}, self.config)
         # The evaluation context is made here: refused now, not by the first forward, which trusts it.
-        check_lengths(self.eval_context["mem_len"], self.eval_context["clamp_len"], eval_key)
+        check_values(self.eval_context, eval_key)
         check_context(self.eval_context["mem_len"], self.eval_context["same_length"], self.config.memory, eval_key)
         self.unit = unit
         self.nonfinite = NonFiniteSteps(max_nonfinite_steps)  # the non-finite policy: xl.training.loop.nonfinite
