@@ -1,6 +1,13 @@
-"""A memory's settings: the context every memory shares (:class:`MemoryContext`, the ``memory`` group's schema
-:data:`MemorySettings` made from it) and each variant's own
+"""A memory's settings: the context every memory shares (:class:`MemoryContext`) and each variant's own
 (:class:`MemoryConfig`, subclassed beside the variant's code).
+
+Each field of the context is declared once, in :class:`MemoryContext`, with its bound and help. The settings that set
+or override it are made from those fields: the ``memory`` group's schema (:data:`MemorySettings`, with an ``eval_X``
+for each field evaluation may change, :data:`EVALUATED`), the ``memory`` node of ``python -m xl.evaluate`` and the
+decoder's context of ``python -m xl.generate`` and ``python -m xl.babilong`` (:func:`overrides`). The model's
+:class:`~xl.model.config.XLConfig` takes the context's defaults. :func:`evaluation_context` resolves the context an
+evaluation uses from the trained one and its overrides; :func:`check_values` and :func:`check_context` are the
+context's rules.
 
 The ``memory`` group of ``conf/`` is one flat node: the shared context (``mem_len``, ``eval_mem_len``, ...,
 ``grad_segments``), ``_target_`` naming the variant's config class, and that class's own fields::
@@ -101,10 +108,15 @@ def evaluation_context(*layers: Any) -> dict[str, Any]:
     null): the overrides first, the trained context (which sets them all) last. A layer is a mapping or a config
     (``DictConfig``, :class:`xl.model.config.XLConfig`); :func:`eval_overrides` reads a training config's
     ``memory.eval_X``."""
-    context = {name: next((v for v in (_get(layer, name) for layer in layers) if v is not None), None)
-               for name in EVALUATED}
-    missing = [name for name, value in context.items() if value is None]
-    assert not missing, f"the trained context sets {missing}"
+    context = {}
+    for name in EVALUATED:
+        for layer in layers:
+            value = _get(layer, name)
+            if value is not None:
+                context[name] = value
+                break
+        else:
+            raise AssertionError(f"no layer sets {name}: the last one must be a trained context")
     return context
 
 
