@@ -30,15 +30,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from xl.config.schedule import check_schedule
 from xl.data.tokenizers import make_tokenizer
 from xl.model import memory_settings
-from xl.model.config import check_shape
+from xl.model.config import CONTEXT_FIELDS, check_shape
 from xl.model.memory_settings import check_context
 from xl.settings.bounds import schema_bounds, shown
 
 log = logging.getLogger(__name__)
 
 # Where each XLConfig field is set in a composed config (the rest are model.X; vocab_size comes from the data).
-GROUP_OF_FIELD = {"mem_len": "memory", "clamp_len": "memory", "same_length": "memory", "mem_dtype": "memory",
-                  "vocab_size": "data"}
+GROUP_OF_FIELD = {**{name: "memory" for name in CONTEXT_FIELDS}, "vocab_size": "data"}
 
 
 class ConfigError(ValueError):
@@ -203,8 +202,7 @@ def model_values(cfg: DictConfig, vocab_size: int, fitted_cutoffs: list[int] | N
     if model.get("cutoffs") is None:
         model["cutoffs"] = fitted_cutoffs or []
     memory = cfg.memory
-    return {**model, "vocab_size": vocab_size, "mem_len": memory.mem_len, "clamp_len": memory.clamp_len,
-            "same_length": memory.same_length, "mem_dtype": memory.mem_dtype,
+    return {**model, "vocab_size": vocab_size, **{name: memory[name] for name in CONTEXT_FIELDS},
             "memory": memory_settings.variant_config(memory, cfg).to_dict()}
 
 

@@ -80,6 +80,11 @@ class XLConfig:
         return cls(**values)
 
 
+#: The memory context's fields that the model holds (the others, doc_boundaries and grad_segments, are the
+#: Lightning module's).
+CONTEXT_FIELDS = tuple(f.name for f in fields(XLConfig) if f.name in {c.name for c in fields(MemoryContext)})
+
+
 def xlconfig_key(name: str) -> str:
     return f"XLConfig.{name}"
 
@@ -97,7 +102,7 @@ def check_model(c: Any, key: Callable[[str], str] = xlconfig_key) -> None:
             raise ValueError(f"{key(name)} must be in [0, 1), got {value!r}")
     if not is_int(c.div_val) or c.div_val < 1:
         raise ValueError(f"{key('div_val')} must be a positive integer, got {c.div_val!r}")
-    check_values({name: getattr(c, name) for name in ("mem_len", "clamp_len", "mem_dtype")}, key)
+    check_values({name: getattr(c, name) for name in CONTEXT_FIELDS}, key)
     check_shape(c, key)
     check_context(c.mem_len, c.same_length, getattr(c, "memory", None), key)
 
