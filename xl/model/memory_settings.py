@@ -327,11 +327,3 @@ def typed(memory: Any) -> Any:
             got = "null" if value is None else str(value)
             raise ValueError(f"memory.{key} must be {describe_type(hints[key])}, got {got!r}") from None
     return node
-
-
-def check_grad_segments(grad_segments: Any) -> None:
-    """Windows of k segments: a positive integer (what carries the gradient is the memory's rule,
-    :meth:`xl.model.memory_settings.MemoryConfig.check_window`)."""
-    if not is_int(grad_segments) or grad_segments < 1:
-        raise ValueError(f"memory.grad_segments must be a positive integer (1: stop the gradient at every segment, "
-                         f"as Transformer-XL does), got {grad_segments!r}")

@@ -106,3 +106,13 @@ def test_a_context_outside_a_config_is_refused_by_the_declared_bound():
         XLConfig(clamp_len=0)
     with pytest.raises(ValueError, match=r"^XLConfig\.mem_dtype must be one of bfloat16, float16, float32"):
         XLConfig(mem_dtype="int8")
+
+
+def test_the_modules_context_settings_are_refused_by_the_declared_bounds():
+    from xl.training.loop.module import XLLitModule
+
+    model = {"vocab_size": 16, "n_layer": 1, "n_head": 1, "d_model": 8, "d_head": 8, "d_inner": 8, "mem_len": 4}
+    with pytest.raises(ValueError, match=r"^memory\.grad_segments must be an integer >= 1, got 0$"):
+        XLLitModule(model=model, grad_segments=0)
+    with pytest.raises(ValueError, match=r"^memory\.eval_clamp_len must be -1 \(no clamping\) or a positive integer"):
+        XLLitModule(model=model, eval_clamp_len=0)

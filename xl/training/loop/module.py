@@ -32,9 +32,7 @@ from xl.memory.store import MemoryStore, packed_size
 from xl.model.config import XLConfig
 from xl.model.documents import Documents, split_batch, target_bytes
 from xl.model.memory_settings import (
-    DOC_BOUNDARIES,
     check_context,
-    check_grad_segments,
     check_values,
     evaluation_context,
 )
@@ -45,6 +43,10 @@ from xl.training.loop.optim import adamw, clip, warmup_cosine_schedule
 from xl.training.loop.window import GradientWindow
 
 log = logging.getLogger(__name__)
+
+
+def memory_key(name: str) -> str:
+    return f"memory.{name}"
 
 
 def batch_rows(batch: tuple[Tensor, ...]) -> int:
@@ -77,7 +79,8 @@ class XLLitModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.config = XLConfig.from_dict(dict(model))  # the model's rules, its training context's among them
-        check_grad_segments(grad_segments)
+        # The module's own context settings (a composed config's schema has bounded them; a Python caller's are here).
+        check_values({"grad_segments": grad_segments, "doc_boundaries": doc_boundaries}, memory_key)
         self.config.memory.check_window(grad_segments, self.config.mem_len)
         self.grad_segments = grad_segments
         self.window = GradientWindow(grad_segments)  # gradients through windows of segments: xl.training.loop.window
@@ -89,8 +92,6 @@ class XLLitModule(L.LightningModule):
         check_context(self.eval_context["mem_len"], self.eval_context["same_length"], self.config.memory, eval_key)
         self.unit = unit
         self.nonfinite = NonFiniteSteps(max_nonfinite_steps)  # the non-finite policy: xl.training.loop.nonfinite
-        if doc_boundaries not in DOC_BOUNDARIES:
-            raise ValueError(f"memory.doc_boundaries must be reset or ignore, got {doc_boundaries!r}")
         self.doc_boundaries = doc_boundaries
         if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context["mem_len"]):
             log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
