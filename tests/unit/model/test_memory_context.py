@@ -116,3 +116,21 @@ def test_the_modules_context_settings_are_refused_by_the_declared_bounds():
         XLLitModule(model=model, grad_segments=0)
     with pytest.raises(ValueError, match=r"^memory\.eval_clamp_len must be -1 \(no clamping\) or a positive integer"):
         XLLitModule(model=model, eval_clamp_len=0)
+
+
+def test_no_module_declares_a_context_setting_again():
+    """A schema field named for a context field (or its eval_ override) is declared only in MemoryContext; the others
+    are made from it. XLConfig's context fields take MemoryContext's defaults."""
+    import re
+    from pathlib import Path
+
+    import xl
+
+    names = "|".join([*CONTEXT, *(f"eval_{n}" for n in EVALUATED)])
+    declared = re.compile(rf"^\s+({names})\s*:[^=]+=\s*setting\(", re.MULTILINE)
+    root = Path(xl.__file__).parent
+    found = {str(p.relative_to(root)): declared.findall(p.read_text(encoding="utf-8")) for p in root.rglob("*.py")}
+    assert {p: n for p, n in found.items() if n} == {"model/memory_settings.py": list(CONTEXT)}
+    model_fields = re.findall(rf"^\s+({names})\s*:[^=]+=\s*(.+)$", (root / "model" / "config.py").read_text(),
+                              re.MULTILINE)
+    assert model_fields and all(default == f"MemoryContext.{name}" for name, default in model_fields)
