@@ -192,13 +192,9 @@ class Evaluator(XLLitModule):
 
 def eval_context(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
     """Each of mem_len/clamp_len/same_length: memory.eval_X, else memory.X, else the checkpoint's evaluation value."""
-    model = checkpoint.model_config
-    saved = checkpoint.hyper_parameters
-    context = {}
-    for name in ("mem_len", "clamp_len", "same_length"):
-        candidates = (cfg.memory.get(f"eval_{name}"), cfg.memory.get(name), saved.get(f"eval_{name}"), model[name])
-        context[name] = next(v for v in candidates if v is not None)
-    return context
+    return memory_settings.evaluation_context(memory_settings.eval_overrides(cfg.memory), cfg.memory,
+                                              memory_settings.eval_overrides(checkpoint.hyper_parameters),
+                                              checkpoint.model_config)
 
 
 def eval_model_config(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:

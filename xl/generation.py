@@ -64,8 +64,8 @@ def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str,
     last token of a training segment did: its training segment length, itself included.
     """
     saved = checkpoint.model_config
-    clamp_len = saved["clamp_len"] if cfg.clamp_len is None else cfg.clamp_len
-    same_length = saved["same_length"] if cfg.same_length is None else cfg.same_length
+    resolved = memory_settings.evaluation_context(cfg, saved)
+    clamp_len, same_length = resolved["clamp_len"], resolved["same_length"]
     if cfg.mem_len is not None:
         window, source = cfg.mem_len, "mem_len"
     elif saved["mem_len"] > 0 or not memory_settings.from_dict(saved.get("memory")).reads_afresh:  # memory tokens alone

@@ -39,6 +39,7 @@ import numpy as np
 
 from xl.config.compose import compose, exit_on_user_error
 from xl.data.recall import KEYS, QUERY
+from xl.model import memory_settings
 
 # Small enough for a CPU; 2 layers and width 64 learn the retrieval within 3,000 steps (width 32 did not in 600).
 # float32 whatever the CPU (precision=auto would train bf16-mixed where the CPU computes bfloat16): what a run
@@ -107,16 +108,18 @@ class Row:
                 **self.predictions(d, seg_len)}
 
 
-def recall_accuracy(model: Any, rows: np.ndarray, seg_len: int, mem_len: int
-                    ) -> dict[int, tuple[int, int]]:
-    """Read the rows segment by segment with memory (``model``: a :class:`~xl.model.transformer.TransformerXL`);
-    count correct key predictions at each query, per d."""
+def recall_accuracy(model: Any, rows: np.ndarray, seg_len: int, mem_len: int, clamp_len: int | None = None,
+                    same_length: bool | None = None) -> dict[int, tuple[int, int]]:
+    """Read the rows segment by segment with memory (``model``: a :class:`~xl.model.transformer.TransformerXL`) in
+    the context ``mem_len``, ``clamp_len``, ``same_length`` (None: the model's); count correct key predictions at each
+    query, per d."""
     import torch
 
     from xl.bench.runner import SegmentRunner
 
     inputs = torch.from_numpy(rows[:, :-1].astype(np.int64))
-    runner = SegmentRunner(model, inputs, seg_len, targets=False, mem_len=mem_len, return_logits=True)
+    runner = SegmentRunner(model, inputs, seg_len, targets=False, mem_len=mem_len, clamp_len=clamp_len,
+                           same_length=same_length, return_logits=True)
     predicted = torch.cat([runner.step().logits.argmax(-1) for _ in range(runner.n_segments)], dim=1).numpy()
     y_all = rows[:, 1:]
     counts: dict[int, tuple[int, int]] = {}
@@ -161,7 +164,6 @@ def scored_memory(cfg: Any, scored_cfg: Any) -> Any:
     settings (another store size: :func:`xl.model.memory_settings.for_evaluation`); ConfigError in one sentence for an
     override that would change the trained run (anything but the episodes, ``data.source.*``, and those settings)."""
     from xl.config.rules import ConfigError
-    from xl.model import memory_settings
 
     before, after = flat(cfg), flat(scored_cfg)
     changed = {k: v for k, v in after.items() if before.get(k) != v}
@@ -231,7 +233,8 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
             sys.exit(f"error: {err or 'stopped by a signal'}; the probe's runs are in {out_dir}")
         model, val_rows = (run.module.model, np.asarray(run.datamodule.val_dataloader().rows)) if not score else \
             scoring(run.module.model, memory, scored_cfg)
-        counts = recall_accuracy(model, val_rows, cfg.data.tgt_len, mem_len)
+        context = memory_settings.evaluation_context(memory_settings.eval_overrides(cfg.memory), cfg.memory)
+        counts = recall_accuracy(model, val_rows, cfg.data.tgt_len, **context)  # the run's evaluation context
         rows[index].counts.append(dict(sorted(counts.items())))
         print(f"mem_len={mem_len} seed={cfg.seed}: trained and scored in {time.time() - start:.0f} s", flush=True)
     cfg = runs[-1][1]

@@ -11,8 +11,8 @@ curriculum's stages, a searching sweeper's objective). :mod:`xl.config.machine` 
 model's rules live with the model (:mod:`xl.model.config`), which applies them all to every
 :class:`~xl.model.config.XLConfig` when it is made, so a Python user gets the same sentences; here the schema bounds
 each field alone, and the model's rules between fields (:func:`~xl.model.config.check_shape`) and of the context
-(:func:`~xl.model.config.check_context`, in training and in evaluation) run once on a composed config's values, named
-as the user writes them.
+(:func:`~xl.model.memory_settings.check_context`, in training and in evaluation) run once on a composed config's
+values, named as the user writes them.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from xl.config.schedule import check_schedule
 from xl.data.tokenizers import make_tokenizer
 from xl.model import memory_settings
-from xl.model.config import check_context, check_shape
+from xl.model.config import CONTEXT_FIELDS, check_shape
+from xl.model.memory_settings import check_context
 from xl.settings.bounds import schema_bounds, shown
 
 log = logging.getLogger(__name__)
 
 # Where each XLConfig field is set in a composed config (the rest are model.X; vocab_size comes from the data).
-GROUP_OF_FIELD = {"mem_len": "memory", "clamp_len": "memory", "same_length": "memory", "mem_dtype": "memory",
-                  "vocab_size": "data"}
+GROUP_OF_FIELD = {**{name: "memory" for name in CONTEXT_FIELDS}, "vocab_size": "data"}
 
 
 class ConfigError(ValueError):
@@ -178,8 +178,8 @@ def check_added_keys(cfg: DictConfig) -> None:
 
 
 def check_memory(cfg: DictConfig) -> None:
-    """The memory's context in training and in evaluation (:func:`xl.model.config.check_context`: same_length needs a
-    memory and a variant that allows it), then the variant's own rules against it
+    """The memory's context in training and in evaluation (:func:`xl.model.memory_settings.check_context`:
+    same_length needs a memory and a variant that allows it), then the variant's own rules against it
     (:class:`xl.model.memory_settings.MemoryConfig`)."""
     memory = cfg.memory
     lengths = {key: OmegaConf.select(cfg, key) for key in ("data.tgt_len", "data.eval_tgt_len", "memory.mem_len",
@@ -187,9 +187,8 @@ def check_memory(cfg: DictConfig) -> None:
     try:
         variant = memory_settings.variant_config(memory, cfg)
         check_context(memory.mem_len, memory.same_length, variant, config_key)
-        check_context(memory.mem_len if memory.eval_mem_len is None else memory.eval_mem_len,
-                      memory.same_length if memory.eval_same_length is None else memory.eval_same_length, variant,
-                      eval_key)
+        evaluated = memory_settings.evaluation_context(memory_settings.eval_overrides(memory), memory)
+        check_context(evaluated["mem_len"], evaluated["same_length"], variant, eval_key)
         variant.check_window(memory.grad_segments, memory.mem_len)
         variant.check_lengths({key: length for key, length in lengths.items() if length is not None})
     except ValueError as err:
@@ -203,8 +202,7 @@ def model_values(cfg: DictConfig, vocab_size: int, fitted_cutoffs: list[int] | N
     if model.get("cutoffs") is None:
         model["cutoffs"] = fitted_cutoffs or []
     memory = cfg.memory
-    return {**model, "vocab_size": vocab_size, "mem_len": memory.mem_len, "clamp_len": memory.clamp_len,
-            "same_length": memory.same_length, "mem_dtype": memory.mem_dtype,
+    return {**model, "vocab_size": vocab_size, **{name: memory[name] for name in CONTEXT_FIELDS},
             "memory": memory_settings.variant_config(memory, cfg).to_dict()}
 
 

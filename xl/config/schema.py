@@ -24,7 +24,7 @@ from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
 from xl.data.babilong.lengths import is_length
 from xl.data.babilong.tasks import TASKS as BABILONG_TASKS
 from xl.model.config import XLConfig
-from xl.model.memory_settings import CLAMP_OR_NULL, DOC_BOUNDARIES, MemorySettings
+from xl.model.memory_settings import EVALUATED, MemorySettings, overrides
 from xl.settings.bounds import (
     Bound,
     above,
@@ -257,19 +257,19 @@ class TrainSchema:
     tags: list[str] = setting(factory=list, help="the run's tags (W&B)")
 
 
-@dataclass
-class EvalContextSchema:
-    """``memory`` of ``python -m xl.evaluate``: each of mem_len, clamp_len, same_length is memory.eval_X if set,
-    else memory.X if set, else the checkpoint's own evaluation value."""
+EvalContextSchema = overrides("EvalContextSchema", (
+    "``memory`` of ``python -m xl.evaluate``: each of mem_len, clamp_len, same_length is memory.eval_X if set, else "
+    "memory.X if set, else the checkpoint's own evaluation value."), {
+    **{key: (name, help) for name in EVALUATED
+       for key, help in ((name, "null: the checkpoint's"), (f"eval_{name}", f"null: {name}"))},
+    "doc_boundaries": ("doc_boundaries", "null: the checkpoint's")})
 
-    mem_len: int | None = setting(None, bound=optional(COUNT), help="null: the checkpoint's")
-    eval_mem_len: int | None = setting(None, bound=optional(COUNT), help="null: mem_len")
-    clamp_len: int | None = setting(None, bound=CLAMP_OR_NULL, help="null: the checkpoint's")
-    eval_clamp_len: int | None = setting(None, bound=CLAMP_OR_NULL, help="null: clamp_len")
-    same_length: bool | None = setting(None, help="null: the checkpoint's")
-    eval_same_length: bool | None = setting(None, help="null: same_length")
-    doc_boundaries: str | None = setting(None, bound=one_of(None, *DOC_BOUNDARIES, words="reset, ignore or null"),
-                                         help="null: the checkpoint's")
+DecodingContext = overrides("DecodingContext", (
+    "The decoder's context of ``python -m xl.generate`` and ``python -m xl.babilong``: null keeps the checkpoint's."), {
+    "mem_len": ("mem_len", "the memory each new token attends over; null: the checkpoint's (without memory: its "
+                           "training segment length minus one)"),
+    "clamp_len": ("clamp_len", "null: the checkpoint's"),
+    "same_length": ("same_length", "null: the checkpoint's")})
 
 
 @dataclass
@@ -294,8 +294,9 @@ class EvaluateSchema:
 
 
 @dataclass
-class GenerateSchema:
-    """``conf/generate.yaml`` (``python -m xl.generate``)."""
+class GenerateSchema(DecodingContext):
+    """``conf/generate.yaml`` (``python -m xl.generate``): the decoder's context (:data:`DecodingContext`), and the
+    sampling's settings."""
 
     ckpt: str = setting(MISSING, help="a run folder (its checkpoints/last.ckpt), or a .ckpt file")
     data: Any = setting(MISSING)
@@ -309,10 +310,6 @@ class GenerateSchema:
     top_p: float = setting(1.0, bound=Bound("a number in (0, 1]", lambda v: is_number(v) and 0 < v <= 1),
                            help="sample within the smallest set of tokens that holds this mass; 1.0: off")
     seed: int = setting(1234, help="seeds the sampling")
-    mem_len: int | None = setting(None, bound=optional(COUNT), help="the memory each new token attends over; null: "
-                                  "the checkpoint's (without memory: its training segment length minus one)")
-    clamp_len: int | None = setting(None, bound=CLAMP_OR_NULL, help="null: the checkpoint's")
-    same_length: bool | None = setting(None, help="null: the checkpoint's")
     seg_len: int = setting(128, bound=POSITIVE, help="segment length for reading the warm-up and the prompt")
 
 
@@ -328,8 +325,9 @@ class ExportSchema:
 
 
 @dataclass
-class ScoreSchema:
-    """``conf/babilong.yaml`` (``python -m xl.babilong``)."""
+class ScoreSchema(DecodingContext):
+    """``conf/babilong.yaml`` (``python -m xl.babilong``): the decoder's context (:data:`DecodingContext`), and the
+    scoring's settings."""
 
     ckpt: str = setting(MISSING, help="a run folder (its checkpoints/last.ckpt) or a .ckpt file")
     tasks: list[str] = setting(factory=lambda: list(BABILONG_TASKS), help="the bAbI tasks", bound=Bound(
@@ -341,9 +339,6 @@ class ScoreSchema:
     seed: int = setting(0, bound=COUNT, help="which test stories and background")
     batch_size: int = setting(8, bound=POSITIVE, help="samples read at once")
     max_new_tokens: int = setting(16, bound=POSITIVE, help="the longest answer generated")
-    mem_len: int | None = setting(None, bound=optional(POSITIVE), help="the decoder's memory; null: the run's")
-    clamp_len: int | None = setting(None, help="null: the run's; -1: no clamping")
-    same_length: bool | None = setting(None, help="null: the run's")
     seg_len: int | None = setting(None, bound=optional(POSITIVE), help="segments read; null: the run's training length")
     device: str = setting("auto", bound=one_of("auto", "cpu", "cuda"), help="auto: a CUDA GPU if there is one")
     data: Any = setting(None, help="data/background=stdlib, pg19 or text: another background than the run's")

@@ -42,6 +42,7 @@ from xl.hub.files import (
     write_atomic,
 )
 from xl.model.config import XLConfig
+from xl.model.memory_settings import eval_overrides
 from xl.model.transformer import TransformerXL
 from xl.training.checkpoints.checkpoint import Checkpoint
 from xl.training.checkpoints.run_folder import run_state, sha256, write_run_folder
@@ -84,7 +85,7 @@ class PretrainedXL(TransformerXL, PyTorchModelHubMixin):
         model.load_state_dict(checkpoint.model_weights())
         model.tokenizer = tokenizer
         saved = checkpoint.hyper_parameters
-        evaluation = {k: saved.get(f"eval_{k}") for k in ("mem_len", "clamp_len", "same_length")}
+        evaluation = eval_overrides(saved)
         if "doc_boundaries" in saved:
             evaluation["doc_boundaries"] = saved["doc_boundaries"]
         model.about = {"evaluation": evaluation, "training": {

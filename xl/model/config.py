@@ -1,6 +1,6 @@
-"""The model's settings (:class:`XLConfig`) and their rules (:func:`check_model`, :func:`check_context`), checked when
-a config is made; imports nothing from :mod:`xl.model.transformer`, so config code can use them without loading the
-model."""
+"""The model's settings (:class:`XLConfig`) and their rules (:func:`check_model`; the memory context's are in
+:mod:`xl.model.memory_settings`), checked when a config is made; imports nothing from :mod:`xl.model.transformer`,
+so config code can use them without loading the model."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from xl.model import memory_settings
-from xl.model.memory_settings import MEM_DTYPE_NAMES, MemoryConfig
+from xl.model.memory_settings import MemoryConfig, MemoryContext, check_context, check_values
 from xl.settings.bounds import is_int
 
 if TYPE_CHECKING:
@@ -28,9 +28,10 @@ class XLConfig:
     d_inner: int = 1024
     dropout: float = 0.1
     dropatt: float = 0.0
-    mem_len: int = 128
-    clamp_len: int = -1  # -1: no clamping; else distances beyond clamp_len share one embedding
-    same_length: bool = False  # every query attends over exactly mem_len keys (itself included)
+    # The memory's context (declared with its bounds and help by MemoryContext, whose defaults these are).
+    mem_len: int = MemoryContext.mem_len
+    clamp_len: int = MemoryContext.clamp_len
+    same_length: bool = MemoryContext.same_length
     pre_lnorm: bool = False
     tie_weights: bool = True  # output word vectors = input embedding
     # Adaptive input and softmax (word-level vocabularies, xl.model.adaptive): cluster boundaries in the
@@ -48,7 +49,7 @@ class XLConfig:
     # dtype, float32 under 32-true and the mixed precisions (a rounded cache feeds rounding error into every
     # later segment). "bfloat16"/"float16" round the cached states, halving the cache. (bf16-true computes bf16
     # states.)
-    mem_dtype: str = "float32"
+    mem_dtype: str = MemoryContext.mem_dtype
     # The memory variant and its own settings (xl.model.memory_settings): the plain cache by default. A mapping (a
     # checkpoint's record, with its _target_) is read into the variant's config.
     memory: MemoryConfig = field(default_factory=lambda: memory_settings.from_dict(None))
@@ -79,6 +80,11 @@ class XLConfig:
         return cls(**values)
 
 
+#: The memory context's fields that the model holds (the others, doc_boundaries and grad_segments, are the
+#: Lightning module's).
+CONTEXT_FIELDS = tuple(f.name for f in fields(XLConfig) if f.name in {c.name for c in fields(MemoryContext)})
+
+
 def xlconfig_key(name: str) -> str:
     return f"XLConfig.{name}"
 
@@ -96,9 +102,7 @@ def check_model(c: Any, key: Callable[[str], str] = xlconfig_key) -> None:
             raise ValueError(f"{key(name)} must be in [0, 1), got {value!r}")
     if not is_int(c.div_val) or c.div_val < 1:
         raise ValueError(f"{key('div_val')} must be a positive integer, got {c.div_val!r}")
-    if c.mem_dtype not in MEM_DTYPE_NAMES:
-        raise ValueError(f"{key('mem_dtype')} must be one of {sorted(MEM_DTYPE_NAMES)}, got {c.mem_dtype!r}")
-    check_lengths(c.mem_len, c.clamp_len, key)
+    check_values({name: getattr(c, name) for name in CONTEXT_FIELDS}, key)
     check_shape(c, key)
     check_context(c.mem_len, c.same_length, getattr(c, "memory", None), key)
 
@@ -136,22 +140,3 @@ def check_adaptive(c: Any, cutoffs: list[int] | None, key: Callable[[str], str] 
         raise ValueError(f"{key('div_val')}={c.div_val} leaves the last of {len(cutoffs) + 1} clusters with width 0 "
                          f"({'d_model' if c.d_embed is None else 'd_embed'} {d_embed}); lower div_val or use fewer "
                          "cutoffs")
-
-
-def check_lengths(mem_len: int, clamp_len: int, key: Callable[[str], str] = xlconfig_key) -> None:
-    """The ranges of a context's lengths (also of an evaluation that overrides the checkpoint's)."""
-    if not is_int(mem_len) or mem_len < 0:
-        raise ValueError(f"{key('mem_len')} must be an integer >= 0, got {mem_len!r}")
-    if not is_int(clamp_len) or clamp_len < -1 or clamp_len == 0:
-        raise ValueError(f"{key('clamp_len')} must be -1 (off) or a positive integer, got {clamp_len!r}")
-
-
-def check_context(mem_len: int, same_length: bool, memory: MemoryConfig | None = None,
-                  key: Callable[[str], str] = xlconfig_key) -> None:
-    """same_length needs a memory (the attention window is mem_len keys wide) and a ``memory`` variant that allows it:
-    the rule of the model's context and of an evaluation's."""
-    if same_length and mem_len == 0:
-        raise ValueError(f"{key('same_length')}=True needs mem_len > 0 (the window is {key('mem_len')} keys wide); "
-                         f"set {key('mem_len')} or {key('same_length')}=false")
-    if memory is not None:
-        memory.check_context(same_length)

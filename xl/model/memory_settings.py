@@ -1,5 +1,13 @@
-"""A memory's settings: the context every memory shares (:class:`MemorySettings`) and each variant's own
+"""A memory's settings: the context every memory shares (:class:`MemoryContext`) and each variant's own
 (:class:`MemoryConfig`, subclassed beside the variant's code).
+
+Each field of the context is declared once, in :class:`MemoryContext`, with its bound and help. The settings that set
+or override it are made from those fields: the ``memory`` group's schema (:data:`MemorySettings`, with an ``eval_X``
+for each field evaluation may change, :data:`EVALUATED`), the ``memory`` node of ``python -m xl.evaluate`` and the
+decoder's context of ``python -m xl.generate`` and ``python -m xl.babilong`` (:func:`overrides`). The model's
+:class:`~xl.model.config.XLConfig` takes the context's defaults. :func:`evaluation_context` resolves the context an
+evaluation uses from the trained one and its overrides; :func:`check_values` and :func:`check_context` are the
+context's rules.
 
 The ``memory`` group of ``conf/`` is one flat node: the shared context (``mem_len``, ``eval_mem_len``, ...,
 ``grad_segments``), ``_target_`` naming the variant's config class, and that class's own fields::
@@ -24,10 +32,11 @@ import dataclasses
 import functools
 import importlib
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from xl.settings.bounds import Bound, at_least, check_fields, is_int, one_of, optional, setting
+from xl.settings.bounds import Bound, at_least, bound_of, check_fields, is_int, nullable, one_of, setting
 
 if TYPE_CHECKING:
     from xl.model.config import XLConfig
@@ -38,28 +47,108 @@ DOC_BOUNDARIES = ("reset", "ignore")
 DEFAULT_TARGET = "xl.memory.cache.CacheConfig"
 COUNT = at_least(0)
 CLAMP = Bound("-1 (no clamping) or a positive integer", lambda v: v == -1 or (is_int(v) and v > 0))
-CLAMP_OR_NULL = Bound("null, -1 (no clamping) or a positive integer",
-                      lambda v: v is None or v == -1 or (is_int(v) and v > 0))
 
 
 @dataclass
-class MemorySettings:
-    """``memory``: the variant, and the context of training and of evaluation (``eval_*``: null takes the training
-    value) that every memory shares."""
+class MemoryContext:
+    """The context every memory shares: what a segment attends over, how the memory is stored, where documents and
+    gradients stop. Each field is declared here once, with its bound and help; the ``memory`` group's schema
+    (:data:`MemorySettings`) and the overrides of ``python -m xl.evaluate`` and ``python -m xl.generate`` are made from
+    these fields (:func:`override`), and :func:`evaluation_context` resolves the context an evaluation uses."""
 
-    _target_: str = setting(DEFAULT_TARGET, help="the variant's config class (its own settings follow)")
     mem_len: int = setting(128, bound=COUNT, help="positions of memory per layer; 0: none")
-    eval_mem_len: int | None = setting(None, bound=optional(COUNT), help="the memory length of evaluation")
     clamp_len: int = setting(-1, bound=CLAMP, help="-1: off; else distances beyond it share one embedding")
-    eval_clamp_len: int | None = setting(None, bound=CLAMP_OR_NULL, help="the clamp length of evaluation")
     same_length: bool = setting(False, help="every query attends over exactly mem_len keys")
-    eval_same_length: bool | None = setting(None, help="same_length in evaluation")
     mem_dtype: str = setting("float32", bound=one_of(*sorted(MEM_DTYPE_NAMES)),
                              help="the memory's storage: float32 (never rounded), bfloat16 or float16 (half the bytes)")
     doc_boundaries: str = setting("reset", bound=one_of(*DOC_BOUNDARIES, words="reset or ignore"),
                                   help="reset: a token sees only its own document; ignore: one endless text per row")
     grad_segments: int = setting(1, bound=at_least(1), help="k: gradients cross segments inside windows of k "
                                                              "(1: Transformer-XL's stop-gradient)")
+
+
+#: The fields of the context an evaluation may give other values than training's (``memory.eval_X``).
+EVALUATED = ("mem_len", "clamp_len", "same_length")
+
+
+def override(name: str, help: str) -> tuple[Any, dataclasses.Field]:
+    """The type and field of a setting that overrides the context's field ``name``: its type or null, null by default
+    (the value it overrides stays), its bound or null, and ``help``."""
+    f = next(f for f in dataclasses.fields(MemoryContext) if f.name == name)
+    bound = bound_of(f)
+    return (typing.get_type_hints(MemoryContext)[name] | None,
+            setting(None, bound=None if bound is None else nullable(bound), help=help))
+
+
+def overrides(cls_name: str, doc: str, helps: dict[str, tuple[str, str]]) -> type:
+    """A dataclass of overrides (``doc`` its docstring), one field per ``{field name: (context field it overrides,
+    help)}``."""
+    cls = dataclasses.make_dataclass(cls_name, [(name, *override(of, help)) for name, (of, help) in helps.items()])
+    cls.__doc__, cls.__module__ = doc, __name__
+    return cls
+
+
+def _train_node() -> type:
+    """``memory``: the variant, and the context of training and of evaluation (``eval_*``: null takes the training
+    value) that every memory shares."""
+    hints = typing.get_type_hints(MemoryContext)
+    specs: list[tuple] = [("_target_", str, setting(DEFAULT_TARGET, help="the variant's config class (its own "
+                                                                          "settings follow)"))]
+    for f in dataclasses.fields(MemoryContext):
+        specs.append((f.name, hints[f.name], _copy(f)))
+        if f.name in EVALUATED:
+            specs.append((f"eval_{f.name}", *override(f.name, f"{f.name} in evaluation; null: {f.name}")))
+    cls = dataclasses.make_dataclass("MemorySettings", specs)
+    cls.__doc__, cls.__module__ = _train_node.__doc__, __name__
+    return cls
+
+
+def evaluation_context(*layers: Any) -> dict[str, Any]:
+    """The context an evaluation uses: each field of :data:`EVALUATED` from the first of ``layers`` that sets it (not
+    null): the overrides first, the trained context (which sets them all) last. A layer is a mapping or a config
+    (``DictConfig``, :class:`xl.model.config.XLConfig`); :func:`eval_overrides` reads a training config's
+    ``memory.eval_X``."""
+    context = {}
+    for name in EVALUATED:
+        for layer in layers:
+            value = _get(layer, name)
+            if value is not None:
+                context[name] = value
+                break
+        else:
+            raise AssertionError(f"no layer sets {name}: the last one must be a trained context")
+    return context
+
+
+def eval_overrides(values: Any) -> dict[str, Any]:
+    """The ``eval_X`` of ``values`` (a ``memory`` node, a module's hyper-parameters) as the overrides of ``X``."""
+    return {name: _get(values, f"eval_{name}") for name in EVALUATED}
+
+
+def _get(layer: Any, name: str) -> Any:
+    return layer.get(name) if hasattr(layer, "get") else getattr(layer, name, None)
+
+
+# ---- the context's rules -------------------------------------------------------------------------------------------
+def check_values(values: Mapping[str, Any], key: Callable[[str], str] = str) -> None:
+    """Each of ``values`` (fields of :class:`MemoryContext` given outside a composed config, whose schema bounds them:
+    an :class:`~xl.model.config.XLConfig`, an evaluation's overrides, a decoder's context) within the bound declared
+    beside it; ValueError in one sentence naming ``key(name)``."""
+    for f in dataclasses.fields(MemoryContext):
+        bound = bound_of(f)
+        if f.name in values and bound is not None and not bound.allows(values[f.name]):
+            raise ValueError(f"{key(f.name)} must be {bound.says}, got {values[f.name]!r}")
+
+
+def check_context(mem_len: int, same_length: bool, memory: MemoryConfig | None = None,
+                  key: Callable[[str], str] = str) -> None:
+    """same_length needs a memory (the attention window is mem_len keys wide) and a ``memory`` variant that allows it:
+    the rule between the context's fields, of a model's context and of an evaluation's."""
+    if same_length and mem_len == 0:
+        raise ValueError(f"{key('same_length')}=True needs mem_len > 0 (the window is {key('mem_len')} keys wide); "
+                         f"set {key('mem_len')} or {key('same_length')}=false")
+    if memory is not None:
+        memory.check_context(same_length)
 
 
 @dataclass
@@ -196,6 +285,10 @@ def _copy(f: dataclasses.Field) -> dataclasses.Field:
     return dataclasses.field(default=f.default, metadata=f.metadata)
 
 
+#: The ``memory`` group's schema: the shared context of :class:`MemoryContext` with the variant's ``_target_``.
+MemorySettings = _train_node()
+
+
 def variant_config(memory: Any, run: Any = None) -> MemoryConfig:
     """The variant's config from a composed ``memory`` node (a DictConfig or mapping); fields marked ``from`` are
     read from ``run`` (the composed config, ``OmegaConf.select``-able), 0 where ``run`` is None."""
@@ -234,11 +327,3 @@ def typed(memory: Any) -> Any:
             got = "null" if value is None else str(value)
             raise ValueError(f"memory.{key} must be {describe_type(hints[key])}, got {got!r}") from None
     return node
-
-
-def check_grad_segments(grad_segments: Any) -> None:
-    """Windows of k segments: a positive integer (what carries the gradient is the memory's rule,
-    :meth:`xl.model.memory_settings.MemoryConfig.check_window`)."""
-    if not is_int(grad_segments) or grad_segments < 1:
-        raise ValueError(f"memory.grad_segments must be a positive integer (1: stop the gradient at every segment, "
-                         f"as Transformer-XL does), got {grad_segments!r}")

@@ -20,11 +20,12 @@ from torch import Tensor, nn
 
 from xl.model.adaptive import AdaptiveEmbedding, AdaptiveLogSoftmax, widen
 from xl.model.attention import RelMultiHeadAttention
-from xl.model.config import XLConfig, check_context, check_lengths
+from xl.model.config import XLConfig
 from xl.model.documents import Documents
 from xl.model.dropout import Dropout
 from xl.model.layers import XLLayer
 from xl.model.memory import Segment
+from xl.model.memory_settings import check_context, check_values, evaluation_context
 from xl.model.positions import attention_mask, sinusoid
 
 if TYPE_CHECKING:
@@ -132,13 +133,12 @@ class TransformerXL(nn.Module):
         decoder fills as states leave the window (:mod:`xl.model.decoding` says how). The model is put in evaluation
         mode; build a new decoder after changing the weights.
         """
-        cfg = self.config
-        window = cfg.mem_len if window is None else window
-        clamp_len = cfg.clamp_len if clamp_len is None else clamp_len
-        same_length = cfg.same_length if same_length is None else same_length
+        context = evaluation_context({"mem_len": window, "clamp_len": clamp_len, "same_length": same_length},
+                                     self.config)
+        window, clamp_len, same_length = context["mem_len"], context["clamp_len"], context["same_length"]
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        check_lengths(window, clamp_len, key=str)  # the decoders trust what is checked here
+        check_values(context)  # the decoders trust what is checked here
         check_context(window, same_length, self.memory.settings, key=str)
         return self.memory.decoder(self, batch_size, window, clamp_len, same_length)
 
@@ -210,9 +210,8 @@ class TransformerXL(nn.Module):
         compressor, under gradients).
         """
         cfg, memory = self.config, self.memory
-        mem_len = cfg.mem_len if mem_len is None else mem_len
-        clamp_len = cfg.clamp_len if clamp_len is None else clamp_len
-        same_length = cfg.same_length if same_length is None else same_length
+        context = evaluation_context({"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length}, cfg)
+        mem_len, clamp_len, same_length = context["mem_len"], context["clamp_len"], context["same_length"]
         assert mem_len >= 0 and (clamp_len == -1 or clamp_len > 0), "lengths are checked where they are set"
         # What a caller asks of the memory that its variant may refuse: same_length, and (detach_memory=False) the
         # next segment's gradient reaching this one, a window of two segments.

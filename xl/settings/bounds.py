@@ -24,6 +24,7 @@ class Bound:
 
     says: str
     test: Callable[[Any], bool]
+    choices: tuple[Any, ...] | None = None  # the values it allows, where it lists them (one_of)
 
     def allows(self, value: Any) -> bool:
         try:
@@ -80,7 +81,7 @@ def between(low: float, high: float, words: str = "a number", high_open: bool = 
 
 def one_of(*choices: Any, words: str | None = None) -> Bound:
     shown = ", ".join("null" if c is None else str(c) for c in choices)
-    return Bound(words or f"one of {shown}", lambda v: v in choices)
+    return Bound(words or f"one of {shown}", lambda v: v in choices, choices)
 
 
 def exactly(value: Any, words: str) -> Bound:
@@ -93,6 +94,16 @@ NULL = Bound("null", lambda v: v is None)
 def optional(bound: Bound) -> Bound:
     """``bound``, or null."""
     return NULL | bound
+
+
+def nullable(bound: Bound) -> Bound:
+    """``bound``, or null, in words: a list of choices ends with null ("reset, ignore or null"), a description
+    begins with it ("null or an integer >= 0", "null, -1 (no clamping) or a positive integer")."""
+    if bound.choices is not None:
+        says = f"{', '.join(str(c) for c in bound.choices)} or null"
+    else:
+        says = f"null, {bound.says}" if " or " in bound.says else f"null or {bound.says}"
+    return Bound(says, lambda v: v is None or bound.allows(v))
 
 
 # ---- a type in words -------------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from xl.device.footprint import available_memory
 from xl.device.headroom import setting_to_lower
 from xl.memory.store import packed_size
 from xl.model.config import XLConfig
+from xl.model.memory_settings import eval_overrides
 from xl.training.checkpoints.checkpoint import XL_KEY, Checkpoint, CheckpointError, check_compatible
 from xl.training.checkpoints.checkpoint_io import AtomicCheckpointIO
 from xl.training.checkpoints.init_from import check_data, load_weights, start_from
@@ -115,9 +116,7 @@ def build_module(cfg: DictConfig, datamodule: Any) -> XLLitModule:
         module = XLLitModule(
             model=model_values(cfg, datamodule.vocab_size, datamodule.default_cutoffs),
             optim=OmegaConf.to_container(cfg.optim, resolve=True),
-            eval_mem_len=cfg.memory.eval_mem_len,
-            eval_same_length=cfg.memory.eval_same_length,
-            eval_clamp_len=cfg.memory.get("eval_clamp_len"),
+            **{f"eval_{name}": value for name, value in eval_overrides(cfg.memory).items()},
             unit=datamodule.unit,
             max_nonfinite_steps=cfg.max_nonfinite_steps,
             doc_boundaries=cfg.memory.get("doc_boundaries") or "ignore",

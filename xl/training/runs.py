@@ -24,6 +24,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from xl.config.rules import ConfigError
+from xl.model.memory_settings import EVALUATED
 from xl.training.checkpoints.run_files import CONFIG, HYDRA, OVERRIDES, find_run_folder  # noqa: F401 (read from here too)
 
 if TYPE_CHECKING:  # the checkpoint code imports torch, which train.py's start (continue_run) goes without
@@ -44,9 +45,9 @@ RESUMABLE = ("trainer.max_steps", "trainer.max_epochs", "trainer.val_check_inter
              "trainer.limit_val_batches", "trainer.limit_test_batches", "trainer.num_sanity_val_steps",
              "trainer.log_every_n_steps", "trainer.gradient_clip_val", "trainer.gradient_clip_algorithm",
              "trainer.deterministic", "trainer.enable_model_summary", "trainer.accelerator", "trainer.devices",
-             "trainer.num_nodes", "trainer.strategy", "trainer", "memory.eval_mem_len", "memory.eval_same_length",
-             "memory.eval_clamp_len", "data.eval_tgt_len", "data.eval_batch_size", "data.cache_dir", "test", "run_name",
-             "tags", "max_nonfinite_steps", "ckpt_path", "train")
+             "trainer.num_nodes", "trainer.strategy", "trainer", *(f"memory.eval_{name}" for name in EVALUATED),
+             "data.eval_tgt_len", "data.eval_batch_size", "data.cache_dir", "test", "run_name", "tags",
+             "max_nonfinite_steps", "ckpt_path", "train")
 NOT_CARRIED = ("hydra.run.dir", "ckpt_path", "overwrite")  # overrides of the run that its resume does not repeat
 RESUMABLE_TREES = ("logger", "callbacks", "compile", "hydra", "paths")  # every key under these
 

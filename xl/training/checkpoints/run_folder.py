@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from xl.model.memory_settings import EVALUATED
 from xl.training.checkpoints.checkpoint import XL_KEY
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def run_state(values: dict[str, Any], weights: dict[str, torch.Tensor], unit: st
     Lightning module's ``model.`` prefix, the evaluation context (``mem_len``, ``clamp_len``, ``same_length``,
     None where it is the model's own, and optionally ``doc_boundaries``) as the evaluation defaults, and this
     project's record (model config, tokenizer fingerprint, provenance, and ``record``'s further entries)."""
-    context = {f"eval_{k}": evaluation.get(k) for k in ("mem_len", "clamp_len", "same_length")}
+    context = {f"eval_{k}": evaluation.get(k) for k in EVALUATED}
     if "doc_boundaries" in evaluation:
         context["doc_boundaries"] = evaluation["doc_boundaries"]
     return {

@@ -29,9 +29,13 @@ from xl.config.schema import OptimConfig
 from xl.data.metrics import LMMetrics, quality, quality_name
 from xl.device.footprint import memory_bytes
 from xl.memory.store import MemoryStore, packed_size
-from xl.model.config import XLConfig, check_context, check_lengths
+from xl.model.config import XLConfig
 from xl.model.documents import Documents, split_batch, target_bytes
-from xl.model.memory_settings import DOC_BOUNDARIES, check_grad_segments
+from xl.model.memory_settings import (
+    check_context,
+    check_values,
+    evaluation_context,
+)
 from xl.model.transformer import TransformerXL, XLOutput
 from xl.training.checkpoints.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
 from xl.training.loop.nonfinite import NonFiniteSteps
@@ -39,6 +43,10 @@ from xl.training.loop.optim import adamw, clip, warmup_cosine_schedule
 from xl.training.loop.window import GradientWindow
 
 log = logging.getLogger(__name__)
+
+
+def memory_key(name: str) -> str:
+    return f"memory.{name}"
 
 
 def batch_rows(batch: tuple[Tensor, ...]) -> int:
@@ -71,23 +79,19 @@ class XLLitModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.config = XLConfig.from_dict(dict(model))  # the model's rules, its training context's among them
-        check_grad_segments(grad_segments)
+        # The module's own context settings (a composed config's schema has bounded them; a Python caller's are here).
+        check_values({"grad_segments": grad_segments, "doc_boundaries": doc_boundaries}, memory_key)
         self.config.memory.check_window(grad_segments, self.config.mem_len)
         self.grad_segments = grad_segments
         self.window = GradientWindow(grad_segments)  # gradients through windows of segments: xl.training.loop.window
         self.optim = OptimConfig(**(optim or {}))
-        self.eval_context = {
-            "mem_len": self.config.mem_len if eval_mem_len is None else eval_mem_len,
-            "same_length": self.config.same_length if eval_same_length is None else eval_same_length,
-            "clamp_len": self.config.clamp_len if eval_clamp_len is None else eval_clamp_len,
-        }
+        self.eval_context = evaluation_context(
+            {"mem_len": eval_mem_len, "clamp_len": eval_clamp_len, "same_length": eval_same_length}, self.config)
         # The evaluation context is made here: refused now, not by the first forward, which trusts it.
-        check_lengths(self.eval_context["mem_len"], self.eval_context["clamp_len"], eval_key)
+        check_values(self.eval_context, eval_key)
         check_context(self.eval_context["mem_len"], self.eval_context["same_length"], self.config.memory, eval_key)
         self.unit = unit
         self.nonfinite = NonFiniteSteps(max_nonfinite_steps)  # the non-finite policy: xl.training.loop.nonfinite
-        if doc_boundaries not in DOC_BOUNDARIES:
-            raise ValueError(f"memory.doc_boundaries must be reset or ignore, got {doc_boundaries!r}")
         self.doc_boundaries = doc_boundaries
         if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context["mem_len"]):
             log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
