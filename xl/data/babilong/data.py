@@ -41,6 +41,7 @@ from xl.data.stream import SegmentLoader
 from xl.data.tokenizers import SubwordTokenizer, Tokenizer, make_tokenizer
 
 LOSSES = ("answer", "all")
+TRAIN_QUESTIONS = ("last", "all")
 VERSION = 1  # of the samples' layout and generator: a change gets new token caches
 
 
@@ -69,17 +70,18 @@ class BabilongSource:
 
     def __init__(self, background: Source, tasks: Sequence[str], length: int, sizes: dict[str, int], seed: int,
                  count: Callable[[str], int], tokenizer_key: str, stream: SampleStream | None = None,
-                 vocabulary: SampleStream | None = None) -> None:
+                 vocabulary: SampleStream | None = None, keep_asked: bool = False) -> None:
         self.background, self.tasks, self.length = background, list(tasks), length
         self.sizes, self.seed, self.count, self.tokenizer_key = sizes, seed, count, tokenizer_key
-        self.stream, self.fitted_on = stream, vocabulary or stream
+        self.stream, self.fitted_on, self.keep_asked = stream, vocabulary or stream, keep_asked
 
     def identity(self) -> str:
         stream = None if self.stream is None else [VOCABULARY_SAMPLES, self.fitted_on.pool_tokens]
         if self.stream is not None and self.fitted_on is not self.stream:
             stream += [self.fitted_on.length, self.fitted_on.tasks]
         spec = json.dumps([VERSION, self.tasks, self.length, self.sizes, self.seed, self.background.identity(),
-                           self.tokenizer_key, MAX_UNIT_TOKENS, *([stream] if stream else [])])
+                           self.tokenizer_key, MAX_UNIT_TOKENS, *([stream] if stream else []),
+                           *(["train questions: all"] if self.keep_asked else [])])
         return "babilong-" + hashlib.sha256(spec.encode()).hexdigest()[:16]
 
     def setting(self, split: str) -> str:
@@ -93,19 +95,21 @@ class BabilongSource:
             yield from (self.fitted_on.sample(VOCABULARY_ROW, j) for j in range(VOCABULARY_SAMPLES))
             return
         background = Sentences(self.background, split, self.count)
-        streams = [samples(task, self.length, split, self.seed, background, self.count) for task in self.tasks]
+        keep_asked = self.keep_asked and split == "train"
+        streams = [samples(task, self.length, split, self.seed, background, self.count, keep_asked)
+                   for task in self.tasks]
         for i in range(self.sizes[split]):
             yield next(streams[i % len(streams)])
 
     def texts(self, split: str) -> Iterator[str]:
-        yield from (s.prompt + s.answer for s in self.samples(split))
+        yield from ("".join(text for text, _ in s.pieces()) for s in self.samples(split))
         if self.stream is not None and split == "train":
             yield from self.fitted_on.pool_texts()
 
     def documents(self, split: str) -> Iterator[Piece]:
         for sample in self.samples(split):
-            yield True, sample.prompt
-            yield False, sample.answer, True
+            for k, (text, is_answer) in enumerate(sample.pieces()):
+                yield (False, text, True) if is_answer else (k == 0, text)
         if self.stream is not None and split == "train" and self.fitted_on.pool is not None:
             yield True, "".join(self.fitted_on.pool_texts())
 
@@ -119,7 +123,7 @@ class BabilongDataModule(SegmentDataModule):
 
     def __init__(self, background: Source, tasks: Sequence[str] = ("qa1",), length: int | str = "1k",
                  train_samples: int | str = 2000, eval_samples: int = 200, seed: int = 0, loss: str = "answer",
-                 vocabulary: dict[str, Any] | None = None, **kwargs: Any) -> None:
+                 vocabulary: dict[str, Any] | None = None, train_questions: str = "last", **kwargs: Any) -> None:
         tasks = check_tasks(tasks)
         try:
             tokens = parse_length(length)
@@ -131,6 +135,13 @@ class BabilongDataModule(SegmentDataModule):
                 raise DataError(f"data.{key} must be a whole number >= 1{more}, got {value!r}")
         if loss not in LOSSES:
             raise DataError(f"data.loss must be answer (the answer's tokens only) or all (every token), got {loss!r}")
+        if train_questions not in TRAIN_QUESTIONS:
+            raise DataError("data.train_questions must be last (one question per training story) or all (each "
+                            f"question of the story, answered in turn), got {train_questions!r}")
+        keep_asked = train_questions == "all"
+        if keep_asked and tokens != 0:
+            raise DataError("data.train_questions=all writes a training story's questions at data.length=0 only; set "
+                            "data.length=0 or data.train_questions=last")
         if kwargs.get("doc_sep") is not None:
             raise DataError("data.doc_sep does not apply to data=babilong, whose samples are its documents; "
                             "set data.doc_sep=null")
@@ -142,7 +153,8 @@ class BabilongDataModule(SegmentDataModule):
                             "to a tokenizer.json, or data.tokenizer=byte, char or word")
         sizes = {"train": train_samples, "val": eval_samples, "test": eval_samples}
         count = token_counter(tokenizer)
-        self.stream = SampleStream(background, tasks, tokens, seed, count) if train_samples == STREAM else None
+        self.stream = (SampleStream(background, tasks, tokens, seed, count, keep_asked=keep_asked)
+                       if train_samples == STREAM else None)
         fitted_on = None
         if self.stream is not None:
             sizes["train"] = VOCABULARY_SAMPLES
@@ -150,7 +162,7 @@ class BabilongDataModule(SegmentDataModule):
                 fitted_on = SampleStream(background, check_tasks(vocabulary["tasks"]),
                                          parse_length(vocabulary["length"]), seed, count)
         source = BabilongSource(background, tasks, tokens, sizes, seed, count, tokenizer.key(), self.stream,
-                                fitted_on)
+                                fitted_on, keep_asked)
         super().__init__(source, **kwargs)
         self.loss = loss
 

@@ -45,6 +45,7 @@ class Sample:
     context: str
     tokens: int
     next_tokens: int
+    earlier: tuple[tuple[str, str], ...] = ()  # (what is read before it, answer) of each earlier question, in order
 
     @property
     def prompt(self) -> str:
@@ -56,18 +57,25 @@ class Sample:
         """What it should write: the answer, and the line end that closes it."""
         return f"{self.story.answer}\n"
 
+    def pieces(self) -> list[tuple[str, bool]]:
+        """The document in order, each piece with whether it is an answer: the earlier questions' text and answers
+        (a training story that keeps them), then the prompt and the answer."""
+        return [*((text, k % 2 == 1) for pair in self.earlier for k, text in enumerate(pair)),
+                (self.prompt, False), (self.answer, True)]
+
 
 def split_of(story: Story) -> str:
     bucket = int.from_bytes(hashlib.sha256(story.key().encode()).digest()[:4], "big") % len(SPLIT_OF_BUCKET)
     return SPLIT_OF_BUCKET[bucket]
 
 
-def stories(task: str, split: str, seed: int) -> Iterator[Story]:
-    """The split's stories of ``task``, in an order fixed by ``seed``."""
+def stories(task: str, split: str, seed: int, keep_asked: bool = False) -> Iterator[Story]:
+    """The split's stories of ``task``, in an order fixed by ``seed``; ``keep_asked``: with their earlier questions
+    (a train split's option: other draws, other stories)."""
     rng = random.Random(f"babilong:{seed}:{split}:{task}")
     generate = GENERATORS[task]
     while True:
-        story = generate(rng)
+        story = generate(rng, keep_asked)
         if split_of(story) == split:
             yield story
 
@@ -77,8 +85,13 @@ def hide(story: Story, length: int, background: Sentences, count: Callable[[str]
     """``story`` in a context of at most ``length`` tokens; None if its facts alone do not fit."""
     facts = story.facts
     if length == 0:
+        if story.asked:
+            return _with_questions(story, count)
         context = " ".join(facts) + "\n"
         return Sample(story, context, count(context), 0)
+    if story.asked:
+        raise DataError("a training story's earlier questions (data.train_questions=all) are written at data.length=0 "
+                        "only; set data.length=0 or data.train_questions=last")
     newline = count("\n")
     reserve = sum(count(f + "\n") for f in facts) + newline  # the most the facts and a closing line end can take
     if reserve > length:
@@ -109,12 +122,23 @@ def hide(story: Story, length: int, background: Sentences, count: Callable[[str]
     return Sample(story, "".join(text for text, _ in pieces), tokens, background.peek()[1])
 
 
+def _with_questions(story: Story, count: Callable[[str], int]) -> Sample:
+    """bAbI's own format at length 0: each earlier question on its own line after the facts before it, its answer on
+    the next; the last question ends the sample. ``tokens`` counts all that the last question follows."""
+    earlier, done = [], 0
+    for n, question, answer in story.asked:
+        earlier.append((" ".join(story.facts[done:n]) + f"\nQuestion: {question}\n", f"{answer}\n"))
+        done = n
+    context = " ".join(story.facts[done:]) + "\n"
+    return Sample(story, context, sum(count(t) for pair in earlier for t in pair) + count(context), 0, tuple(earlier))
+
+
 def samples(task: str, length: int, split: str, seed: int, background: Sentences,
-            count: Callable[[str], int]) -> Iterator[Sample]:
+            count: Callable[[str], int], keep_asked: bool = False) -> Iterator[Sample]:
     """The split's samples of ``task`` at ``length``, the background read from ``background`` in order."""
     rng = random.Random(f"babilong:{seed}:{split}:{task}:{length}:positions")
     passed = 0
-    for story in stories(task, split, seed):
+    for story in stories(task, split, seed, keep_asked):
         sample = hide(story, length, background, count, rng)
         if sample is not None:
             passed = 0

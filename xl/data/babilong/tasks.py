@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xl.data.babilong.world import ACTORS, GIVERS, LOCATIONS, OBJECTS, OPPOSITE, Action, Known, World
 
@@ -38,13 +38,16 @@ GIVER_ACTIONS = (("get",), ("give",), ("move",))  # qa5
 
 @dataclass(frozen=True)
 class Story:
-    """Facts, one question and its answer; ``supporting``: the indices of the facts the answer follows from."""
+    """Facts, one question and its answer; ``supporting``: the indices of the facts the answer follows from.
+    ``asked``: the story's earlier questions, each ``(facts before it, question, answer)``, where the generator was
+    asked to keep them (a training story in bAbI's format, ``data.train_questions=all``)."""
 
     task: str
     facts: tuple[str, ...]
     question: str
     answer: str
     supporting: tuple[int, ...]
+    asked: tuple[tuple[int, str, str], ...] = ()
 
     def key(self) -> str:
         """The story as text (task, facts, question): what must never be in two splits."""
@@ -55,34 +58,48 @@ def answered(task: str, world: World, question: str, known: Known) -> Story:
     return Story(task, tuple(world.facts), question, known.value, tuple(sorted(known.support)))
 
 
-def qa1(rng: random.Random) -> Story:
+def with_asked(story: Story, earlier: list[Story]) -> Story:
+    """``story`` that keeps ``earlier`` (stories cut at its earlier questions) as its earlier questions."""
+    return replace(story, asked=tuple((len(e.facts), e.question, e.answer) for e in earlier))
+
+
+def qa1(rng: random.Random, keep_asked: bool = False) -> Story:
+    """A question after every two moves, the k-th ends the story; with ``keep_asked`` the earlier questions are
+    drawn and kept too (more draws of ``rng``: another story than without)."""
     world = World(rng, ACTORS)
-    for _ in range(2 * rng.randint(1, QUESTIONS_PER_STORY)):
+    earlier = []
+    for k in range(rng.randint(1, QUESTIONS_PER_STORY)):
+        if k and keep_asked:
+            actor = rng.choice(sorted(world.actor_at))
+            earlier.append(answered("qa1", world, f"Where is {actor}?", world.actor_at[actor]))
+        world.perform(world.propose("move"))
         world.perform(world.propose("move"))
     actor = rng.choice(sorted(world.actor_at))
-    return answered("qa1", world, f"Where is {actor}?", world.actor_at[actor])
+    return with_asked(answered("qa1", world, f"Where is {actor}?", world.actor_at[actor]), earlier)
 
 
-def _object_story(rng: random.Random, ask: Callable[[World], Story | None]) -> Story:
+def _object_story(rng: random.Random, ask: Callable[[World], Story | None], keep_asked: bool) -> Story:
     """qa2 and qa3: gets, drops and moves; a question after three facts or more, one time in two, if ``ask`` finds
-    one; the k-th question ends the story."""
+    one; the k-th question ends the story (``keep_asked``: with the earlier ones, the same draws of ``rng``)."""
     world = World(rng, ACTORS)
     last = rng.randint(1, QUESTIONS_PER_STORY)
-    asked = since = 0
+    since = 0
+    earlier: list[Story] = []
     while True:
         if len(world.facts) == MAX_FACTS:
-            world, asked, since = World(rng, ACTORS), 0, 0
+            world, since, earlier = World(rng, ACTORS), 0, []
         world.perform(world.propose_any(OBJECT_ACTIONS))
         since += 1
         if since > 2 and rng.random() < 0.5:
             story = ask(world)
             if story is not None:
-                asked, since = asked + 1, 0
-                if asked == last:
-                    return story
+                since = 0
+                if len(earlier) + 1 == last:
+                    return with_asked(story, earlier if keep_asked else [])
+                earlier.append(story)
 
 
-def qa2(rng: random.Random) -> Story:
+def qa2(rng: random.Random, keep_asked: bool = False) -> Story:
     def ask(world: World) -> Story | None:
         known = [o for o in sorted(world.object_at) if len(world.object_at[o].support) <= 2]
         if not known:
@@ -90,10 +107,10 @@ def qa2(rng: random.Random) -> Story:
         o = world.rng.choice(known)
         return answered("qa2", world, f"Where is the {o}?", world.object_at[o])
 
-    return _object_story(rng, ask)
+    return _object_story(rng, ask, keep_asked)
 
 
-def qa3(rng: random.Random) -> Story:
+def qa3(rng: random.Random, keep_asked: bool = False) -> Story:
     def ask(world: World) -> Story | None:
         options = {o: Known(h[-2].value, h[-2].support | h[-1].support) for o in OBJECTS
                    if len(h := world.history[o]) > 1 and [k.value for k in h].count(h[-1].value) == 1}
@@ -103,10 +120,11 @@ def qa3(rng: random.Random) -> Story:
         o = world.rng.choice(sorted(options))
         return answered("qa3", world, f"Where was the {o} before the {world.history[o][-1].value}?", options[o])
 
-    return _object_story(rng, ask)
+    return _object_story(rng, ask, keep_asked)
 
 
-def qa4(rng: random.Random) -> Story:
+def qa4(rng: random.Random, keep_asked: bool = False) -> Story:
+    """One question; ``keep_asked`` changes nothing."""
     first, middle, last = rng.sample(LOCATIONS, 3)  # first is `way` of middle, middle is `way` of last
     way = rng.choice(("north", "west"))
     facts = []
@@ -123,7 +141,9 @@ def qa4(rng: random.Random) -> Story:
     return Story("qa4", tuple(facts[k] for k in order), question, answer, (order.index(fact),))
 
 
-def qa5(rng: random.Random) -> Story:
+def qa5(rng: random.Random, keep_asked: bool = False) -> Story:
+    """The k-th give's question ends the story; ``keep_asked`` changes nothing (its earlier questions would need more
+    draws of ``rng``)."""
     world = World(rng, GIVERS)
     last = rng.randint(1, QUESTIONS_PER_STORY)
     asked = since = 0
@@ -161,5 +181,5 @@ def _who_gave(world: World, give: Action, fact: int) -> Story:
     return answered("qa5", world, question, Known(answer, frozenset({fact})))
 
 
-GENERATORS: dict[str, Callable[[random.Random], Story]] = {"qa1": qa1, "qa2": qa2, "qa3": qa3, "qa4": qa4,
+GENERATORS: dict[str, Callable[..., Story]] = {"qa1": qa1, "qa2": qa2, "qa3": qa3, "qa4": qa4,
                                                           "qa5": qa5}
