@@ -23,6 +23,7 @@ from xl.config.bounds import Bound, at_least, between, is_int, is_number, one_of
 from xl.config.callback_schema import CALLBACKS, LOGGERS
 from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
 from xl.data.babilong.lengths import is_length
+from xl.data.babilong.tasks import QUESTIONS as TRAIN_QUESTIONS
 from xl.data.babilong.tasks import TASKS as BABILONG_TASKS
 from xl.memory.settings import CLAMP_OR_NULL, DOC_BOUNDARIES, MemorySettings
 from xl.model.config import XLConfig
@@ -145,9 +146,10 @@ class BabilongDataSchema(DataSchema):
     seed: int = setting(0, bound=COUNT, help="which stories and background positions")
     loss: str = setting("answer", bound=one_of("answer", "all", words="answer or all"),
                         help="answer: the answer's tokens only; all: every token")
-    train_questions: str = setting("last", bound=one_of("last", "all", words="last or all"),
+    train_questions: str = setting("last", bound=one_of(*TRAIN_QUESTIONS),
                                    help="last: one question ends each training story (BABILong's); all: every question "
-                                        "of the story answered in turn, bAbI's format (length 0; val and test keep one)")
+                                        "of the story answered in turn, bAbI's format; every: qa1 asks about every "
+                                        "actor at each question's place (length 0; val and test keep one)")
 
 
 # ---- optimization and the trainer ---------------------------------------------------------------------------------

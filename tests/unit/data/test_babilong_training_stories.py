@@ -1,6 +1,7 @@
 """Settings that change how a BABILong-style model is trained and nothing it is scored on: word tokens with each
 punctuation mark a word of its own (``data.tokenizer_kwargs.punctuation``), and training stories that keep every
-question of the story in bAbI's format (``data.train_questions=all``)."""
+question of the story in bAbI's format (``data.train_questions=all``) or, in qa1, ask about every actor at each
+question's place (``every``)."""
 
 from __future__ import annotations
 
@@ -53,33 +54,46 @@ def test_the_punctuation_setting_is_kept_fingerprinted_and_checked(tmp_path):
         WordTokenizer(file=path, punctuation=True)
 
 
-@pytest.mark.parametrize("task", ["qa1", "qa2", "qa3"])
-def test_a_story_that_keeps_its_questions_answers_each_from_the_facts_before_it(task):
+@pytest.mark.parametrize("task,questions", [("qa1", "all"), ("qa2", "all"), ("qa3", "all"), ("qa1", "every")])
+def test_a_story_that_keeps_its_questions_answers_each_from_the_facts_before_it(task, questions):
     rng = random.Random("kept")
     kept = 0
     for _ in range(200):
-        story = GENERATORS[task](rng, True)
+        story = GENERATORS[task](rng, questions)
         assert solve(list(story.facts), story.question) == story.answer
         last = 0
         for n, question, answer in story.asked:
-            assert last < n <= len(story.facts)
+            assert (last < n if questions == "all" else last <= n) and n <= len(story.facts)
             assert solve(list(story.facts[:n]), question) == answer
             last = n
         kept += len(story.asked)
     assert kept > 100
 
 
-@pytest.mark.parametrize("task", ["qa2", "qa3", "qa4", "qa5"])
-def test_keeping_the_questions_draws_the_same_stories_where_it_needs_no_draws(task):
+def test_every_asks_about_each_actor_who_moved_at_each_question_s_place_once():
+    rng = random.Random("every")
+    for _ in range(200):
+        story = GENERATORS["qa1"](rng, "every")
+        points: dict[int, list[str]] = {}
+        for n, question, _ in (*story.asked, (len(story.facts), story.question, story.answer)):
+            points.setdefault(n, []).append(question.removeprefix("Where is ").removesuffix("?"))
+        assert sorted(points) == list(range(2, len(story.facts) + 1, 2))
+        for n, actors in points.items():
+            moved = {fact.split()[0] for fact in story.facts[:n]}
+            assert sorted(actors) == sorted(moved)
+
+
+@pytest.mark.parametrize("task,questions", [(t, q) for t in ("qa2", "qa3", "qa4", "qa5") for q in ("all", "every")])
+def test_keeping_the_questions_draws_the_same_stories_where_it_needs_no_draws(task, questions):
     a, b = random.Random(5), random.Random(5)
     for _ in range(50):
-        kept, one = GENERATORS[task](a, True), GENERATORS[task](b)
+        kept, one = GENERATORS[task](a, questions), GENERATORS[task](b)
         assert (kept.facts, kept.question, kept.answer, one.asked) == (one.facts, one.question, one.answer, ())
 
 
 def test_a_kept_question_is_a_line_of_its_own_and_its_answer_a_piece_of_its_own():
     rng = random.Random(3)
-    story = next(s for s in iter(lambda: GENERATORS["qa1"](rng, True), None) if len(s.asked) == 2)
+    story = next(s for s in iter(lambda: GENERATORS["qa1"](rng, "all"), None) if len(s.asked) == 2)
     sample = hide(story, 0, None, len, rng)
     pieces = sample.pieces()
     (n1, q1, a1), (n2, q2, a2) = story.asked
@@ -104,10 +118,10 @@ def data(tmp_path, **settings):
     return dm
 
 
-@pytest.mark.parametrize("train_samples", [40, STREAM])
-def test_all_questions_change_the_train_split_only_and_score_every_answer(tmp_path, train_samples):
+@pytest.mark.parametrize("train_samples,questions", [(40, "all"), (STREAM, "all"), (STREAM, "every")])
+def test_kept_questions_change_the_train_split_only_and_score_every_answer(tmp_path, train_samples, questions):
     last = data(tmp_path / "last", train_samples=train_samples)
-    every = data(tmp_path / "all", train_samples=train_samples, train_questions="all")
+    every = data(tmp_path / "all", train_samples=train_samples, train_questions=questions)
     for split in ("val", "test"):
         assert list(last.source.samples(split)) == list(every.source.samples(split))
     assert last.cache.folder != every.cache.folder
@@ -115,14 +129,22 @@ def test_all_questions_change_the_train_split_only_and_score_every_answer(tmp_pa
                for name, dm in (("last", last), ("all", every))}
     scored = {name: sum(int((b[1] != -100).sum()) for b in got) for name, got in batches.items()}
     assert scored["all"] > 1.5 * scored["last"]
-    again = data(tmp_path / "again", train_samples=train_samples, train_questions="all")
+    again = data(tmp_path / "again", train_samples=train_samples, train_questions=questions)
     assert [[t.tolist() for t in b[:2]] for b in batches["all"][:10]] == [
         [t.tolist() for t in b[:2]] for _, b in zip(range(10), again.train_dataloader(), strict=False)]
 
 
-def test_all_questions_are_written_at_length_0_only():
+def test_kept_questions_are_written_at_length_0_only():
     for settings, message in (({"length": "1k", "train_questions": "all"}, "data.length=0"),
+                              ({"length": "1k", "train_questions": "every"}, "data.length=0"),
                               ({"length": 0, "train_questions": "some"}, "data.train_questions")):
         with pytest.raises(DataError, match=message) as err:
             BabilongDataModule(StdlibSource(), tasks=["qa1"], **settings)
         assert "\n" not in str(err.value) and len(str(err.value)) < 200
+
+
+def test_two_questions_in_a_row_leave_no_empty_line():
+    rng = random.Random(7)
+    story = next(s for s in iter(lambda: GENERATORS["qa1"](rng, "every"), None) if len(s.facts) == 2 and s.asked)
+    text = "".join(text for text, _ in hide(story, 0, None, len, rng).pieces())
+    assert "\n\n" not in text and text.count("Question: ") == len(story.asked) + 1

@@ -33,7 +33,7 @@ from xl.data.babilong.generated import (
 )
 from xl.data.babilong.lengths import parse_length
 from xl.data.babilong.samples import Sample, samples
-from xl.data.babilong.tasks import TASKS
+from xl.data.babilong.tasks import QUESTIONS, TASKS
 from xl.data.datamodule import SegmentDataModule
 from xl.data.errors import DataError
 from xl.data.sources import Piece, Source
@@ -41,7 +41,7 @@ from xl.data.stream import SegmentLoader
 from xl.data.tokenizers import SubwordTokenizer, Tokenizer, make_tokenizer
 
 LOSSES = ("answer", "all")
-TRAIN_QUESTIONS = ("last", "all")
+
 VERSION = 1  # of the samples' layout and generator: a change gets new token caches
 
 
@@ -70,10 +70,10 @@ class BabilongSource:
 
     def __init__(self, background: Source, tasks: Sequence[str], length: int, sizes: dict[str, int], seed: int,
                  count: Callable[[str], int], tokenizer_key: str, stream: SampleStream | None = None,
-                 vocabulary: SampleStream | None = None, keep_asked: bool = False) -> None:
+                 vocabulary: SampleStream | None = None, questions: str = "last") -> None:
         self.background, self.tasks, self.length = background, list(tasks), length
         self.sizes, self.seed, self.count, self.tokenizer_key = sizes, seed, count, tokenizer_key
-        self.stream, self.fitted_on, self.keep_asked = stream, vocabulary or stream, keep_asked
+        self.stream, self.fitted_on, self.questions = stream, vocabulary or stream, questions
 
     def identity(self) -> str:
         stream = None if self.stream is None else [VOCABULARY_SAMPLES, self.fitted_on.pool_tokens]
@@ -81,7 +81,7 @@ class BabilongSource:
             stream += [self.fitted_on.length, self.fitted_on.tasks]
         spec = json.dumps([VERSION, self.tasks, self.length, self.sizes, self.seed, self.background.identity(),
                            self.tokenizer_key, MAX_UNIT_TOKENS, *([stream] if stream else []),
-                           *(["train questions: all"] if self.keep_asked else [])])
+                           *([f"train questions: {self.questions}"] if self.questions != "last" else [])])
         return "babilong-" + hashlib.sha256(spec.encode()).hexdigest()[:16]
 
     def setting(self, split: str) -> str:
@@ -95,8 +95,8 @@ class BabilongSource:
             yield from (self.fitted_on.sample(VOCABULARY_ROW, j) for j in range(VOCABULARY_SAMPLES))
             return
         background = Sentences(self.background, split, self.count)
-        keep_asked = self.keep_asked and split == "train"
-        streams = [samples(task, self.length, split, self.seed, background, self.count, keep_asked)
+        questions = self.questions if split == "train" else "last"
+        streams = [samples(task, self.length, split, self.seed, background, self.count, questions)
                    for task in self.tasks]
         for i in range(self.sizes[split]):
             yield next(streams[i % len(streams)])
@@ -135,13 +135,13 @@ class BabilongDataModule(SegmentDataModule):
                 raise DataError(f"data.{key} must be a whole number >= 1{more}, got {value!r}")
         if loss not in LOSSES:
             raise DataError(f"data.loss must be answer (the answer's tokens only) or all (every token), got {loss!r}")
-        if train_questions not in TRAIN_QUESTIONS:
-            raise DataError("data.train_questions must be last (one question per training story) or all (each "
-                            f"question of the story, answered in turn), got {train_questions!r}")
-        keep_asked = train_questions == "all"
-        if keep_asked and tokens != 0:
-            raise DataError("data.train_questions=all writes a training story's questions at data.length=0 only; set "
-                            "data.length=0 or data.train_questions=last")
+        if train_questions not in QUESTIONS:
+            raise DataError("data.train_questions must be last (one question per training story), all (each "
+                            f"question of the story) or every (qa1: about every actor), got {train_questions!r}")
+        questions = train_questions
+        if questions != "last" and tokens != 0:
+            raise DataError(f"data.train_questions={questions} writes a training story's questions at data.length=0 "
+                            "only; set data.length=0 or data.train_questions=last")
         if kwargs.get("doc_sep") is not None:
             raise DataError("data.doc_sep does not apply to data=babilong, whose samples are its documents; "
                             "set data.doc_sep=null")
@@ -153,7 +153,7 @@ class BabilongDataModule(SegmentDataModule):
                             "to a tokenizer.json, or data.tokenizer=byte, char or word")
         sizes = {"train": train_samples, "val": eval_samples, "test": eval_samples}
         count = token_counter(tokenizer)
-        self.stream = (SampleStream(background, tasks, tokens, seed, count, keep_asked=keep_asked)
+        self.stream = (SampleStream(background, tasks, tokens, seed, count, questions=questions)
                        if train_samples == STREAM else None)
         fitted_on = None
         if self.stream is not None:
@@ -162,7 +162,7 @@ class BabilongDataModule(SegmentDataModule):
                 fitted_on = SampleStream(background, check_tasks(vocabulary["tasks"]),
                                          parse_length(vocabulary["length"]), seed, count)
         source = BabilongSource(background, tasks, tokens, sizes, seed, count, tokenizer.key(), self.stream,
-                                fitted_on, keep_asked)
+                                fitted_on, questions)
         super().__init__(source, **kwargs)
         self.loss = loss
 

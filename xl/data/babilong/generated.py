@@ -87,9 +87,9 @@ class SampleStream:
     """Sample ``(row, j)`` of ``tasks`` at ``length`` tokens (counted by ``count``), for ``seed``."""
 
     def __init__(self, background: Source, tasks: Sequence[str], length: int, seed: int,
-                 count: Callable[[str], int], pool_tokens: int = POOL_TOKENS, keep_asked: bool = False) -> None:
+                 count: Callable[[str], int], pool_tokens: int = POOL_TOKENS, questions: str = "last") -> None:
         self.background, self.tasks, self.length, self.seed = background, list(tasks), length, seed
-        self.keep_asked = keep_asked
+        self.questions = questions
         self.count, self.pool_tokens = count, max(pool_tokens, 8 * length)
 
     @functools.cached_property
@@ -107,7 +107,7 @@ class SampleStream:
         task = self.task(row, j)
         rng = random.Random(f"babilong:{self.seed}:stream:{task}:{self.length}:{row}:{j}")
         for _ in range(MAX_DRAWS):
-            story = GENERATORS[task](rng, self.keep_asked)
+            story = GENERATORS[task](rng, self.questions)
             if split_of(story) != "train":
                 continue
             background = None if self.pool is None else self.pool.reader(rng.randrange(len(self.pool.units)))

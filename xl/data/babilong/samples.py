@@ -69,13 +69,13 @@ def split_of(story: Story) -> str:
     return SPLIT_OF_BUCKET[bucket]
 
 
-def stories(task: str, split: str, seed: int, keep_asked: bool = False) -> Iterator[Story]:
-    """The split's stories of ``task``, in an order fixed by ``seed``; ``keep_asked``: with their earlier questions
-    (a train split's option: other draws, other stories)."""
+def stories(task: str, split: str, seed: int, questions: str = "last") -> Iterator[Story]:
+    """The split's stories of ``task``, in an order fixed by ``seed``; ``questions``: which questions a story keeps
+    (:data:`xl.data.babilong.tasks.QUESTIONS`; a train split's setting)."""
     rng = random.Random(f"babilong:{seed}:{split}:{task}")
     generate = GENERATORS[task]
     while True:
-        story = generate(rng, keep_asked)
+        story = generate(rng, questions)
         if split_of(story) == split:
             yield story
 
@@ -123,22 +123,25 @@ def hide(story: Story, length: int, background: Sentences, count: Callable[[str]
 
 
 def _with_questions(story: Story, count: Callable[[str], int]) -> Sample:
-    """bAbI's own format at length 0: each earlier question on its own line after the facts before it, its answer on
-    the next; the last question ends the sample. ``tokens`` counts all that the last question follows."""
+    """bAbI's own format at length 0: each earlier question on its own line after the facts before it (on a line of
+    their own), its answer on the next; the last question ends the sample. ``tokens`` counts all that the last question follows."""
+    def lines(facts: tuple[str, ...]) -> str:
+        return " ".join(facts) + "\n" if facts else ""  # two questions in a row: no empty line between
+
     earlier, done = [], 0
     for n, question, answer in story.asked:
-        earlier.append((" ".join(story.facts[done:n]) + f"\nQuestion: {question}\n", f"{answer}\n"))
+        earlier.append((lines(story.facts[done:n]) + f"Question: {question}\n", f"{answer}\n"))
         done = n
-    context = " ".join(story.facts[done:]) + "\n"
+    context = lines(story.facts[done:])
     return Sample(story, context, sum(count(t) for pair in earlier for t in pair) + count(context), 0, tuple(earlier))
 
 
 def samples(task: str, length: int, split: str, seed: int, background: Sentences,
-            count: Callable[[str], int], keep_asked: bool = False) -> Iterator[Sample]:
+            count: Callable[[str], int], questions: str = "last") -> Iterator[Sample]:
     """The split's samples of ``task`` at ``length``, the background read from ``background`` in order."""
     rng = random.Random(f"babilong:{seed}:{split}:{task}:{length}:positions")
     passed = 0
-    for story in stories(task, split, seed, keep_asked):
+    for story in stories(task, split, seed, questions):
         sample = hide(story, length, background, count, rng)
         if sample is not None:
             passed = 0

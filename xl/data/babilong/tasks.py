@@ -31,6 +31,9 @@ TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
 # The answers each task can have (BABILong's TASK_LABELS for qa1-qa5, babilong/metrics.py).
 LABELS = {"qa1": LOCATIONS, "qa2": LOCATIONS, "qa3": LOCATIONS, "qa4": LOCATIONS, "qa5": (*GIVERS, *OBJECTS)}
 QUESTIONS_PER_STORY = 5
+# Which questions a story keeps (data.train_questions): its last (BABILong's one), all of them in bAbI's format, or
+# in qa1 every actor's at each question's place (other tasks: all).
+QUESTIONS = ("last", "all", "every")
 MAX_FACTS = 300  # a story of qa2 or qa3 that has not reached its question by then is begun again
 OBJECT_ACTIONS = (("get", "drop"), ("move",))  # qa2, qa3: get or drop, or a move, each group one time in two
 GIVER_ACTIONS = (("get",), ("give",), ("move",))  # qa5
@@ -63,24 +66,33 @@ def with_asked(story: Story, earlier: list[Story]) -> Story:
     return replace(story, asked=tuple((len(e.facts), e.question, e.answer) for e in earlier))
 
 
-def qa1(rng: random.Random, keep_asked: bool = False) -> Story:
-    """A question after every two moves, the k-th ends the story; with ``keep_asked`` the earlier questions are
-    drawn and kept too (more draws of ``rng``: another story than without)."""
+def qa1(rng: random.Random, questions: str = "last") -> Story:
+    """A question after every two moves, the k-th ends the story. ``questions="all"`` keeps the earlier ones too,
+    ``"every"`` asks at each of those points about every actor who has moved, in random order, the story's own
+    question last (both draw more of ``rng``: other stories than ``"last"``)."""
     world = World(rng, ACTORS)
     earlier = []
+
+    def ask(actors: list[str]) -> None:
+        earlier.extend(answered("qa1", world, f"Where is {a}?", world.actor_at[a]) for a in actors)
+
     for k in range(rng.randint(1, QUESTIONS_PER_STORY)):
-        if k and keep_asked:
-            actor = rng.choice(sorted(world.actor_at))
-            earlier.append(answered("qa1", world, f"Where is {actor}?", world.actor_at[actor]))
+        if k and questions == "all":
+            ask([rng.choice(sorted(world.actor_at))])
+        elif k and questions == "every":
+            ask(rng.sample(sorted(world.actor_at), len(world.actor_at)))
         world.perform(world.propose("move"))
         world.perform(world.propose("move"))
     actor = rng.choice(sorted(world.actor_at))
+    if questions == "every":
+        ask(rng.sample([a for a in sorted(world.actor_at) if a != actor], len(world.actor_at) - 1))
     return with_asked(answered("qa1", world, f"Where is {actor}?", world.actor_at[actor]), earlier)
 
 
-def _object_story(rng: random.Random, ask: Callable[[World], Story | None], keep_asked: bool) -> Story:
+def _object_story(rng: random.Random, ask: Callable[[World], Story | None], questions: str) -> Story:
     """qa2 and qa3: gets, drops and moves; a question after three facts or more, one time in two, if ``ask`` finds
-    one; the k-th question ends the story (``keep_asked``: with the earlier ones, the same draws of ``rng``)."""
+    one; the k-th question ends the story (``questions`` other than ``"last"``: with the earlier ones, the same draws
+    of ``rng``)."""
     world = World(rng, ACTORS)
     last = rng.randint(1, QUESTIONS_PER_STORY)
     since = 0
@@ -95,11 +107,11 @@ def _object_story(rng: random.Random, ask: Callable[[World], Story | None], keep
             if story is not None:
                 since = 0
                 if len(earlier) + 1 == last:
-                    return with_asked(story, earlier if keep_asked else [])
+                    return with_asked(story, earlier if questions != "last" else [])
                 earlier.append(story)
 
 
-def qa2(rng: random.Random, keep_asked: bool = False) -> Story:
+def qa2(rng: random.Random, questions: str = "last") -> Story:
     def ask(world: World) -> Story | None:
         known = [o for o in sorted(world.object_at) if len(world.object_at[o].support) <= 2]
         if not known:
@@ -107,10 +119,10 @@ def qa2(rng: random.Random, keep_asked: bool = False) -> Story:
         o = world.rng.choice(known)
         return answered("qa2", world, f"Where is the {o}?", world.object_at[o])
 
-    return _object_story(rng, ask, keep_asked)
+    return _object_story(rng, ask, questions)
 
 
-def qa3(rng: random.Random, keep_asked: bool = False) -> Story:
+def qa3(rng: random.Random, questions: str = "last") -> Story:
     def ask(world: World) -> Story | None:
         options = {o: Known(h[-2].value, h[-2].support | h[-1].support) for o in OBJECTS
                    if len(h := world.history[o]) > 1 and [k.value for k in h].count(h[-1].value) == 1}
@@ -120,11 +132,11 @@ def qa3(rng: random.Random, keep_asked: bool = False) -> Story:
         o = world.rng.choice(sorted(options))
         return answered("qa3", world, f"Where was the {o} before the {world.history[o][-1].value}?", options[o])
 
-    return _object_story(rng, ask, keep_asked)
+    return _object_story(rng, ask, questions)
 
 
-def qa4(rng: random.Random, keep_asked: bool = False) -> Story:
-    """One question; ``keep_asked`` changes nothing."""
+def qa4(rng: random.Random, questions: str = "last") -> Story:
+    """One question, whatever ``questions``."""
     first, middle, last = rng.sample(LOCATIONS, 3)  # first is `way` of middle, middle is `way` of last
     way = rng.choice(("north", "west"))
     facts = []
@@ -141,9 +153,9 @@ def qa4(rng: random.Random, keep_asked: bool = False) -> Story:
     return Story("qa4", tuple(facts[k] for k in order), question, answer, (order.index(fact),))
 
 
-def qa5(rng: random.Random, keep_asked: bool = False) -> Story:
-    """The k-th give's question ends the story; ``keep_asked`` changes nothing (its earlier questions would need more
-    draws of ``rng``)."""
+def qa5(rng: random.Random, questions: str = "last") -> Story:
+    """The k-th give's question ends the story, whatever ``questions`` (its earlier questions would need more draws
+    of ``rng``)."""
     world = World(rng, GIVERS)
     last = rng.randint(1, QUESTIONS_PER_STORY)
     asked = since = 0
