@@ -94,7 +94,8 @@ class DataSchema:
                                   "(byte-level subwords, fitted or read from tokenizer_file)")
     # (Any, not dict | None: OmegaConf cannot merge a mapping into a node so typed that holds null)
     tokenizer_kwargs: Any = setting(
-        None, help="word: {min_freq: 1, max_size: null, punctuation: false (true: each punctuation mark a word)}; bpe/unigram: {vocab_size: 4096, special_tokens: [], "
+        None, help="word: {min_freq: 1, max_size: null, punctuation: false (true: each punctuation mark a word)}; "
+                   "bpe/unigram: {vocab_size: 4096, special_tokens: [], "
                    "pre_tokenizer: gpt2}; a key the config does not have yet is added with + "
                    "(+data.tokenizer_kwargs.vocab_size=8000)")
     batch_size: int = setting(8, bound=Bound("at least 1", lambda v: is_int(v) and v >= 1), help="streams per device")

@@ -124,7 +124,8 @@ def hide(story: Story, length: int, background: Sentences, count: Callable[[str]
 
 def _with_questions(story: Story, count: Callable[[str], int]) -> Sample:
     """bAbI's own format at length 0: each earlier question on its own line after the facts before it (on a line of
-    their own), its answer on the next; the last question ends the sample. ``tokens`` counts all that the last question follows."""
+    their own), its answer on the next; the last question ends the sample. ``tokens`` counts all that the last
+    question follows."""
     def lines(facts: tuple[str, ...]) -> str:
         return " ".join(facts) + "\n" if facts else ""  # two questions in a row: no empty line between
 
