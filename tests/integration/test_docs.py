@@ -84,6 +84,42 @@ SKIP = {
         "five trainings; memory tokens' one-seed commands run",
     "python -m xl.probe --mem-lens 0 32 --seeds 1 2 3 4 5":
         "ten trainings; the probe's default command runs",
+    # research runs of docs/babilong.md's table against the recency shortcut (10 to 45 minutes each)
+    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "data.train_samples=stream trainer.limit_train_batches=100000 trainer.max_steps=2000 "
+    "precision=32-true hydra.run.dir=runs/recipe/words":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "data.train_samples=stream data.train_questions=all trainer.limit_train_batches=100000 "
+    "trainer.max_steps=2000 precision=32-true hydra.run.dir=runs/recipe/all":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "data.train_samples=stream data.train_questions=all memory=none data.tgt_len=128 "
+    "trainer.limit_train_batches=100000 trainer.max_steps=2000 precision=32-true "
+    "hydra.run.dir=runs/recipe/all-none-128":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "data.train_samples=stream data.train_questions=every trainer.limit_train_batches=100000 "
+    "trainer.max_steps=3000 precision=32-true hydra.run.dir=runs/recipe/every":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python -m xl.babilong ckpt=runs/recipe/words tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/all/checkpoints/step0001000.ckpt tasks=[qa1] lengths=[0] "
+    "samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/all tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/all-none-128/checkpoints/step0001000.ckpt tasks=[qa1] "
+    "lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/every/checkpoints/step0001000.ckpt tasks=[qa1] lengths=[0] "
+    "samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/every/checkpoints/step0002000.ckpt tasks=[qa1] lengths=[0] "
+    "samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/every tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
     # downloads and accounts
     "python train.py data=wikitext103": "downloads WikiText-103",
     "python train.py data=babilong data/background=pg19": "streams PG-19 from the Hugging Face hub",
