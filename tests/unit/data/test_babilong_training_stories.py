@@ -118,10 +118,11 @@ def data(tmp_path, **settings):
     return dm
 
 
-@pytest.mark.parametrize("train_samples,questions", [(40, "all"), (STREAM, "all"), (STREAM, "every")])
-def test_kept_questions_change_the_train_split_only_and_score_every_answer(tmp_path, train_samples, questions):
+@pytest.mark.parametrize("train_samples,questions,most", [(40, "all", 5), (STREAM, "all", 5), (STREAM, "every", 5),
+                                                          (40, "every", 2)])
+def test_kept_questions_change_the_train_split_only_and_score_every_answer(tmp_path, train_samples, questions, most):
     last = data(tmp_path / "last", train_samples=train_samples)
-    every = data(tmp_path / "all", train_samples=train_samples, train_questions=questions)
+    every = data(tmp_path / "all", train_samples=train_samples, train_questions=questions, train_most_questions=most)
     for split in ("val", "test"):
         assert list(last.source.samples(split)) == list(every.source.samples(split))
     assert last.cache.folder != every.cache.folder
@@ -129,7 +130,8 @@ def test_kept_questions_change_the_train_split_only_and_score_every_answer(tmp_p
                for name, dm in (("last", last), ("all", every))}
     scored = {name: sum(int((b[1] != -100).sum()) for b in got) for name, got in batches.items()}
     assert scored["all"] > 1.5 * scored["last"]
-    again = data(tmp_path / "again", train_samples=train_samples, train_questions=questions)
+    again = data(tmp_path / "again", train_samples=train_samples, train_questions=questions,
+                 train_most_questions=most)
     assert [[t.tolist() for t in b[:2]] for b in batches["all"][:10]] == [
         [t.tolist() for t in b[:2]] for _, b in zip(range(10), again.train_dataloader(), strict=False)]
 
@@ -137,7 +139,9 @@ def test_kept_questions_change_the_train_split_only_and_score_every_answer(tmp_p
 def test_kept_questions_are_written_at_length_0_only():
     for settings, message in (({"length": "1k", "train_questions": "all"}, "data.length=0"),
                               ({"length": "1k", "train_questions": "every"}, "data.length=0"),
-                              ({"length": 0, "train_questions": "some"}, "data.train_questions")):
+                              ({"length": 0, "train_questions": "some"}, "data.train_questions"),
+                              ({"length": 0, "train_most_questions": 6}, "data.train_most_questions"),
+                              ({"length": 0, "train_most_questions": 0}, "data.train_most_questions")):
         with pytest.raises(DataError, match=message) as err:
             BabilongDataModule(StdlibSource(), tasks=["qa1"], **settings)
         assert "\n" not in str(err.value) and len(str(err.value)) < 200
@@ -148,3 +152,16 @@ def test_two_questions_in_a_row_leave_no_empty_line():
     story = next(s for s in iter(lambda: GENERATORS["qa1"](rng, "every"), None) if len(s.facts) == 2 and s.asked)
     text = "".join(text for text, _ in hide(story, 0, None, len, rng).pieces())
     assert "\n\n" not in text and text.count("Question: ") == len(story.asked) + 1
+
+
+@pytest.mark.parametrize("task", ["qa1", "qa2", "qa3", "qa5"])
+def test_a_training_story_runs_to_at_most_its_most_questions(task):
+    rng = random.Random("most")
+    for most in (1, 2):
+        for _ in range(100):
+            story = GENERATORS[task](rng, "all", most)
+            assert len(story.asked) < most
+            if task == "qa1":
+                assert len(story.facts) <= 2 * most
+    one = [GENERATORS["qa1"](random.Random(k), "last", 1) for k in range(50)]
+    assert {len(s.facts) for s in one} == {2}

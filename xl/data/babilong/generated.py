@@ -31,7 +31,7 @@ import torch
 
 from xl.data.babilong.background import MAX_UNIT_TOKENS, Sentences, units
 from xl.data.babilong.samples import MAX_DRAWS, Sample, hide, split_of
-from xl.data.babilong.tasks import GENERATORS
+from xl.data.babilong.tasks import GENERATORS, QUESTIONS_PER_STORY
 from xl.data.errors import DataError
 from xl.data.sources import Source
 from xl.data.stream import Batch
@@ -87,9 +87,10 @@ class SampleStream:
     """Sample ``(row, j)`` of ``tasks`` at ``length`` tokens (counted by ``count``), for ``seed``."""
 
     def __init__(self, background: Source, tasks: Sequence[str], length: int, seed: int,
-                 count: Callable[[str], int], pool_tokens: int = POOL_TOKENS, questions: str = "last") -> None:
+                 count: Callable[[str], int], pool_tokens: int = POOL_TOKENS, questions: str = "last",
+                 most: int = QUESTIONS_PER_STORY) -> None:
         self.background, self.tasks, self.length, self.seed = background, list(tasks), length, seed
-        self.questions = questions
+        self.questions, self.most = questions, most
         self.count, self.pool_tokens = count, max(pool_tokens, 8 * length)
 
     @functools.cached_property
@@ -107,7 +108,7 @@ class SampleStream:
         task = self.task(row, j)
         rng = random.Random(f"babilong:{self.seed}:stream:{task}:{self.length}:{row}:{j}")
         for _ in range(MAX_DRAWS):
-            story = GENERATORS[task](rng, self.questions)
+            story = GENERATORS[task](rng, self.questions, self.most)
             if split_of(story) != "train":
                 continue
             background = None if self.pool is None else self.pool.reader(rng.randrange(len(self.pool.units)))

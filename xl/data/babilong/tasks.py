@@ -30,7 +30,7 @@ from xl.data.babilong.world import ACTORS, GIVERS, LOCATIONS, OBJECTS, OPPOSITE,
 TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
 # The answers each task can have (BABILong's TASK_LABELS for qa1-qa5, babilong/metrics.py).
 LABELS = {"qa1": LOCATIONS, "qa2": LOCATIONS, "qa3": LOCATIONS, "qa4": LOCATIONS, "qa5": (*GIVERS, *OBJECTS)}
-QUESTIONS_PER_STORY = 5
+QUESTIONS_PER_STORY = 5  # a story is cut at its k-th question, k from 1 to this (``most`` of a training story)
 # Which questions a story keeps (data.train_questions): its last (BABILong's one), all of them in bAbI's format, or
 # in qa1 every actor's at each question's place (other tasks: all).
 QUESTIONS = ("last", "all", "every")
@@ -66,17 +66,18 @@ def with_asked(story: Story, earlier: list[Story]) -> Story:
     return replace(story, asked=tuple((len(e.facts), e.question, e.answer) for e in earlier))
 
 
-def qa1(rng: random.Random, questions: str = "last") -> Story:
-    """A question after every two moves, the k-th ends the story. ``questions="all"`` keeps the earlier ones too,
-    ``"every"`` asks at each of those points about every actor who has moved, in random order, the story's own
-    question last (both draw more of ``rng``: other stories than ``"last"``)."""
+def qa1(rng: random.Random, questions: str = "last",
+        most: int = QUESTIONS_PER_STORY) -> Story:
+    """A question after every two moves, the k-th ends the story (k from 1 to ``most``). ``questions="all"``
+    keeps the earlier ones too, ``"every"`` asks at each of those points about every actor who has moved, in random
+    order, the story's own question last (both draw more of ``rng``: other stories than ``"last"``)."""
     world = World(rng, ACTORS)
     earlier = []
 
     def ask(actors: list[str]) -> None:
         earlier.extend(answered("qa1", world, f"Where is {a}?", world.actor_at[a]) for a in actors)
 
-    for k in range(rng.randint(1, QUESTIONS_PER_STORY)):
+    for k in range(rng.randint(1, most)):
         if k and questions == "all":
             ask([rng.choice(sorted(world.actor_at))])
         elif k and questions == "every":
@@ -89,12 +90,12 @@ def qa1(rng: random.Random, questions: str = "last") -> Story:
     return with_asked(answered("qa1", world, f"Where is {actor}?", world.actor_at[actor]), earlier)
 
 
-def _object_story(rng: random.Random, ask: Callable[[World], Story | None], questions: str) -> Story:
+def _object_story(rng: random.Random, ask: Callable[[World], Story | None], questions: str, most: int) -> Story:
     """qa2 and qa3: gets, drops and moves; a question after three facts or more, one time in two, if ``ask`` finds
     one; the k-th question ends the story (``questions`` other than ``"last"``: with the earlier ones, the same draws
     of ``rng``)."""
     world = World(rng, ACTORS)
-    last = rng.randint(1, QUESTIONS_PER_STORY)
+    last = rng.randint(1, most)
     since = 0
     earlier: list[Story] = []
     while True:
@@ -111,7 +112,7 @@ def _object_story(rng: random.Random, ask: Callable[[World], Story | None], ques
                 earlier.append(story)
 
 
-def qa2(rng: random.Random, questions: str = "last") -> Story:
+def qa2(rng: random.Random, questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Story:
     def ask(world: World) -> Story | None:
         known = [o for o in sorted(world.object_at) if len(world.object_at[o].support) <= 2]
         if not known:
@@ -119,10 +120,10 @@ def qa2(rng: random.Random, questions: str = "last") -> Story:
         o = world.rng.choice(known)
         return answered("qa2", world, f"Where is the {o}?", world.object_at[o])
 
-    return _object_story(rng, ask, questions)
+    return _object_story(rng, ask, questions, most)
 
 
-def qa3(rng: random.Random, questions: str = "last") -> Story:
+def qa3(rng: random.Random, questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Story:
     def ask(world: World) -> Story | None:
         options = {o: Known(h[-2].value, h[-2].support | h[-1].support) for o in OBJECTS
                    if len(h := world.history[o]) > 1 and [k.value for k in h].count(h[-1].value) == 1}
@@ -132,10 +133,10 @@ def qa3(rng: random.Random, questions: str = "last") -> Story:
         o = world.rng.choice(sorted(options))
         return answered("qa3", world, f"Where was the {o} before the {world.history[o][-1].value}?", options[o])
 
-    return _object_story(rng, ask, questions)
+    return _object_story(rng, ask, questions, most)
 
 
-def qa4(rng: random.Random, questions: str = "last") -> Story:
+def qa4(rng: random.Random, questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Story:
     """One question, whatever ``questions``."""
     first, middle, last = rng.sample(LOCATIONS, 3)  # first is `way` of middle, middle is `way` of last
     way = rng.choice(("north", "west"))
@@ -153,11 +154,11 @@ def qa4(rng: random.Random, questions: str = "last") -> Story:
     return Story("qa4", tuple(facts[k] for k in order), question, answer, (order.index(fact),))
 
 
-def qa5(rng: random.Random, questions: str = "last") -> Story:
+def qa5(rng: random.Random, questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Story:
     """The k-th give's question ends the story, whatever ``questions`` (its earlier questions would need more draws
     of ``rng``)."""
     world = World(rng, GIVERS)
-    last = rng.randint(1, QUESTIONS_PER_STORY)
+    last = rng.randint(1, most)
     asked = since = 0
     while True:
         action = world.propose_any(GIVER_ACTIONS)
