@@ -102,6 +102,15 @@ SKIP = {
     "data.train_samples=stream data.train_questions=every trainer.limit_train_batches=100000 "
     "trainer.max_steps=3000 precision=32-true hydra.run.dir=runs/recipe/every":
         "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "data.train_samples=stream data.train_questions=every model.pre_lnorm=true optim.lr=2e-3 "
+    "optim.warmup_steps=500 trainer.limit_train_batches=100000 trainer.max_steps=6000 precision=32-true "
+    "hydra.run.dir=runs/recipe/every-prenorm":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong_facts seed=1 logger=csv hydra.run.dir=runs/recipe/facts-1":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong_facts seed=2 logger=csv hydra.run.dir=runs/recipe/facts-2":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
     "python -m xl.babilong ckpt=runs/recipe/words tasks=[qa1] lengths=[0] samples=200 logger=none":
         "scores a research training that is skipped",
     "python -m xl.babilong ckpt=runs/recipe/all/checkpoints/step0001000.ckpt tasks=[qa1] lengths=[0] "
@@ -119,6 +128,14 @@ SKIP = {
     "samples=200 logger=none":
         "scores a research training that is skipped",
     "python -m xl.babilong ckpt=runs/recipe/every tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/every-prenorm/checkpoints/step0001000.ckpt tasks=[qa1] "
+    "lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/facts-1 tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/facts-2/checkpoints/step0001600.ckpt tasks=[qa1] lengths=[0] "
+    "samples=200 logger=none":
         "scores a research training that is skipped",
     # downloads and accounts
     "python train.py data=wikitext103": "downloads WikiText-103",
