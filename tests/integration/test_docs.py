@@ -137,6 +137,12 @@ SKIP = {
     "python -m xl.babilong ckpt=runs/recipe/facts-2/checkpoints/step0001600.ckpt tasks=[qa1] lengths=[0] "
     "samples=200 logger=none":
         "scores a research training that is skipped",
+    "python train.py experiment=babilong_facts "
+    "curriculum=[{length:0,train_most_questions:1,steps:400},{length:0,train_most_questions:2}] "
+    "trainer.max_steps=2000 seed=1 logger=csv hydra.run.dir=runs/recipe/facts-up-to-4":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python -m xl.babilong ckpt=runs/recipe/facts-up-to-4 tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
     # downloads and accounts
     "python train.py data=wikitext103": "downloads WikiText-103",
     "python train.py data=babilong data/background=pg19": "streams PG-19 from the Hugging Face hub",
