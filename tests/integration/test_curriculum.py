@@ -109,6 +109,8 @@ def test_every_stage_shares_one_vocabulary(tmp_path, corpus):
     ("{length:0,step:4}", "curriculum stage 1 has step, which is not a stage setting"),
     ("{length:lots,steps:4}", "curriculum stage 1 needs length"),
     ("{length:0,steps:4,below:1,above:2}", "curriculum stage 1 has both below and above; give one threshold"),
+    ("{length:0,train_most_questions:6,steps:4}",
+     "curriculum stage 1: train_most_questions must be a whole number from 1 to 5, got 6"),
 ])
 def test_a_bad_stage_is_refused_in_one_sentence(tmp_path, corpus, stage, sentence):
     cfg = compose_config(*overrides(tmp_path, corpus, "bad"), f"curriculum=[{stage}]")
@@ -116,6 +118,20 @@ def test_a_bad_stage_is_refused_in_one_sentence(tmp_path, corpus, stage, sentenc
                        .replace("*", r"\*")) as err:
         check_config(cfg, lambda: 256)
     assert len(str(err.value)) < 200 and "\n" not in str(err.value)
+
+
+def test_a_stage_over_the_number_of_facts_sets_the_training_stories_and_nothing_else(tmp_path, corpus):
+    """``train_most_questions`` per stage: the first stage's qa1 training stories are two moves long, the last
+    stage's up to ten; every stage keeps one vocabulary and the same val and test samples."""
+    stages = "curriculum=[{length:0,train_most_questions:1,steps:4},{length:0}]"
+    data = make_datamodule(compose_config(*overrides(tmp_path, corpus, "facts"), stages))
+    data.prepare_data()
+    first, last = data.modules
+    assert {len(first.stream.sample(0, j).story.facts) for j in range(30)} == {2}
+    assert max(len(last.stream.sample(0, j).story.facts) for j in range(30)) > 2
+    assert first.tokenizer.to_dict() == last.tokenizer.to_dict()
+    for split in ("val", "test"):
+        assert list(first.source.samples(split)) == list(last.source.samples(split))
 
 
 def test_a_curriculum_needs_the_stream_and_validation_at_epoch_ends(tmp_path, corpus):

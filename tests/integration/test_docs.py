@@ -94,6 +94,65 @@ SKIP = {
         "five trainings; memory tokens' one-seed commands run",
     "python -m xl.probe --mem-lens 0 32 --seeds 1 2 3 4 5":
         "ten trainings; the probe's default command runs",
+    # research runs of docs/babilong.md's table against the recency shortcut (10 to 45 minutes each)
+    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "data.train_samples=stream trainer.limit_train_batches=100000 trainer.max_steps=2000 "
+    "precision=32-true hydra.run.dir=runs/recipe/words":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "data.train_samples=stream data.train_questions=all trainer.limit_train_batches=100000 "
+    "trainer.max_steps=2000 precision=32-true hydra.run.dir=runs/recipe/all":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "data.train_samples=stream data.train_questions=all memory=none data.tgt_len=128 "
+    "trainer.limit_train_batches=100000 trainer.max_steps=2000 precision=32-true "
+    "hydra.run.dir=runs/recipe/all-none-128":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "data.train_samples=stream data.train_questions=every trainer.limit_train_batches=100000 "
+    "trainer.max_steps=3000 precision=32-true hydra.run.dir=runs/recipe/every":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "data.train_samples=stream data.train_questions=every model.pre_lnorm=true optim.lr=2e-3 "
+    "optim.warmup_steps=500 trainer.limit_train_batches=100000 trainer.max_steps=6000 precision=32-true "
+    "hydra.run.dir=runs/recipe/every-prenorm":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong_facts seed=1 logger=csv hydra.run.dir=runs/recipe/facts-1":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong_facts seed=2 logger=csv hydra.run.dir=runs/recipe/facts-2":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python -m xl.babilong ckpt=runs/recipe/words tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/all/checkpoints/step0001000.ckpt tasks=[qa1] lengths=[0] "
+    "samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/all tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/all-none-128/checkpoints/step0001000.ckpt tasks=[qa1] "
+    "lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/every/checkpoints/step0001000.ckpt tasks=[qa1] lengths=[0] "
+    "samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/every/checkpoints/step0002000.ckpt tasks=[qa1] lengths=[0] "
+    "samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/every tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/every-prenorm/checkpoints/step0001000.ckpt tasks=[qa1] "
+    "lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/facts-1 tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python -m xl.babilong ckpt=runs/recipe/facts-2/checkpoints/step0001600.ckpt tasks=[qa1] lengths=[0] "
+    "samples=200 logger=none":
+        "scores a research training that is skipped",
+    "python train.py experiment=babilong_facts "
+    "curriculum=[{length:0,train_most_questions:1,steps:400},{length:0,train_most_questions:2}] "
+    "trainer.max_steps=2000 seed=1 logger=csv hydra.run.dir=runs/recipe/facts-up-to-4":
+        "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python -m xl.babilong ckpt=runs/recipe/facts-up-to-4 tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
     # downloads and accounts
     "python train.py data=wikitext103": "downloads WikiText-103",
     "python train.py data=babilong data/background=pg19": "streams PG-19 from the Hugging Face hub",
@@ -167,6 +226,9 @@ SCALE_IF = {  # appended when the command selects what the key names
     "data=babilong": ["data.train_samples=24", "data.eval_samples=4"],
     "experiment=babilong": ["data.train_samples=24", "data.eval_samples=4", "model.n_layer=2", "model.d_model=32",
                             "model.n_head=2", "model.d_head=16", "model.d_inner=64", "memory.mem_len=16"],
+    "experiment=babilong_facts": ["data.eval_samples=4", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
+                                  "model.d_head=16", "model.d_inner=64", "memory.mem_len=16",
+                                  "trainer.limit_train_batches=2"],
     "experiment=babilong_curriculum": ["data.eval_samples=4", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
                                        "model.d_head=16", "model.d_inner=64", "memory.mem_len=16",
                                        "trainer.limit_train_batches=2"],

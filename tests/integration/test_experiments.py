@@ -20,7 +20,7 @@ PAPER = [("enwik8_base", 256, 41e6), ("enwik8_large", 256, 277e6), ("text8_large
 
 def test_every_experiment_is_listed():
     listed = {name for name, *_ in PAPER} | {"wt103_large", "enwik8_compressive", "wt103_published", "babilong",
-                                               "babilong_curriculum"}
+                                               "babilong_curriculum", "babilong_facts"}
     assert {p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")} == listed
 
 

@@ -7,7 +7,8 @@
       - {length: 128, steps: 2000}
       - {length: 256}
 
-``length`` and ``tasks`` replace ``data.length`` and ``data.tasks`` for the stage; ``steps`` is the stage's budget of
+``length``, ``tasks`` and ``train_most_questions`` replace ``data.length``, ``data.tasks`` and
+``data.train_most_questions`` (a curriculum over the number of facts) for the stage; ``steps`` is the stage's budget of
 optimizer steps; ``metric`` with ``below`` (or ``above``) ends it at the first validation whose value passes. A stage
 ends at the first validation where either holds; the last stage's end ends the training. :func:`check_curriculum`
 refuses a bad list in one sentence before any work; :mod:`xl.training.loop.curriculum` runs it.
@@ -22,11 +23,11 @@ from omegaconf import OmegaConf
 
 from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
 from xl.data.babilong.lengths import is_length, parse_length
-from xl.data.babilong.tasks import TASKS
+from xl.data.babilong.tasks import QUESTIONS_PER_STORY, TASKS
 from xl.settings.bounds import is_int, is_number
 
-KEYS = ("length", "tasks", "steps", "metric", "below", "above")
-DATA_KEYS = ("length", "tasks")  # the data settings a stage may change
+KEYS = ("length", "tasks", "train_most_questions", "steps", "metric", "below", "above")
+DATA_KEYS = ("length", "tasks", "train_most_questions")  # the data settings a stage may change
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,10 @@ def check_stage(i: int, node: Any, metrics: list[str], last: bool) -> None:
     tasks = node.get("tasks")
     if tasks is not None and not (OmegaConf.is_list(tasks) and len(tasks) and all(t in TASKS for t in tasks)):
         raise ValueError(f"{where}: tasks must be a list of {', '.join(TASKS)}, got {tasks!r}")
+    most = node.get("train_most_questions")
+    if most is not None and not (is_int(most) and 1 <= most <= QUESTIONS_PER_STORY):
+        raise ValueError(f"{where}: train_most_questions must be a whole number from 1 to {QUESTIONS_PER_STORY}, got "
+                         f"{most!r}")
     steps = node.get("steps")
     if steps is not None and not (is_int(steps) and steps >= 1):
         raise ValueError(f"{where}: steps must be a whole number >= 1 (optimizer steps), got {steps!r}")

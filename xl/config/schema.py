@@ -22,6 +22,7 @@ from omegaconf import MISSING, OmegaConf
 from xl.config.callback_schema import CALLBACKS, LOGGERS
 from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
 from xl.data.babilong.lengths import is_length
+from xl.data.babilong.tasks import QUESTIONS as TRAIN_QUESTIONS
 from xl.data.babilong.tasks import TASKS as BABILONG_TASKS
 from xl.model.config import XLConfig
 from xl.model.memory_settings import EVALUATED, MemorySettings, overrides
@@ -103,7 +104,8 @@ class DataSchema:
                                   "(byte-level subwords, fitted or read from tokenizer_file)")
     # (Any, not dict | None: OmegaConf cannot merge a mapping into a node so typed that holds null)
     tokenizer_kwargs: Any = setting(
-        None, help="word: {min_freq: 1, max_size: null}; bpe/unigram: {vocab_size: 4096, special_tokens: [], "
+        None, help="word: {min_freq: 1, max_size: null, punctuation: false (true: each punctuation mark a word)}; "
+                   "bpe/unigram: {vocab_size: 4096, special_tokens: [], "
                    "pre_tokenizer: gpt2}; a key the config does not have yet is added with + "
                    "(+data.tokenizer_kwargs.vocab_size=8000)")
     batch_size: int = setting(8, bound=Bound("at least 1", lambda v: is_int(v) and v >= 1), help="streams per device")
@@ -155,6 +157,14 @@ class BabilongDataSchema(DataSchema):
     seed: int = setting(0, bound=COUNT, help="which stories and background positions")
     loss: str = setting("answer", bound=one_of("answer", "all", words="answer or all"),
                         help="answer: the answer's tokens only; all: every token")
+    train_questions: str = setting("last", bound=one_of(*TRAIN_QUESTIONS),
+                                   help="last: one question ends each training story (BABILong's); all: every question "
+                                        "of the story answered in turn, bAbI's format; every: qa1 asks about every "
+                                        "actor at each question's place (length 0; val and test keep one)")
+    train_most_questions: int = setting(5, bound=Bound("a whole number from 1 to 5",
+                                                       lambda v: is_int(v) and 1 <= v <= 5),
+                                        help="a training story runs to its k-th question, k from 1 to this (bAbI's "
+                                             "5; qa1: two moves per question); val and test keep 5")
 
 
 @dataclass

@@ -1,5 +1,8 @@
 """The word tokenizer: whitespace-separated words, an end-of-line symbol, ``<unk>`` for the rest.
 
+With ``punctuation=True`` (``+data.tokenizer_kwargs.punctuation=true``) every punctuation mark is a word of its own:
+``"John?"`` is ``John ?`` and ``"kitchen."`` is ``kitchen .``, so a name or a place is one symbol wherever it stands.
+
 Its vocabulary is fitted on the training split (ranked by frequency, as an adaptive softmax's clusters need), or
 read from a vocabulary file (``data.tokenizer_file``): the JSON that ``python -m xl.convert`` writes for a published
 Transformer-XL model, whose ids, end-of-line and unknown symbols and case rule are the original's.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +25,7 @@ from xl.data.errors import DataError, existing_file
 UNK = "<unk>"
 EOS = "<eos>"
 VOCABULARY_FORMAT = "xl-word-vocabulary"
+PUNCTUATION = re.compile(r"([^\w\s])")  # a punctuation mark: neither a word character nor whitespace
 
 
 class _Lookup(dict):
@@ -66,7 +71,8 @@ class WordTokenizer:
     Transformer-XL vocabulary, after ``<eos>`` (id 0) and ``<unk>`` (id 1); ``min_freq`` drops rare words and
     ``max_size`` caps the number of words kept (the two special symbols are not counted). From ``file``: the ids,
     symbols and case rule of that vocabulary, nothing fitted. Encoding is the original's: every line (an empty one
-    too) is lower-cased if the vocabulary says so, split on whitespace and closed by the end-of-line symbol.
+    too) is lower-cased if the vocabulary says so, split on whitespace and closed by the end-of-line symbol;
+    ``punctuation`` (fitted vocabularies only) also splits each punctuation mark off as a word of its own.
     """
 
     name: ClassVar[str] = "word"
@@ -74,7 +80,11 @@ class WordTokenizer:
     ranked: ClassVar[bool] = True
 
     def __init__(self, min_freq: int = 1, max_size: int | None = None, words: Iterable[str] = (),
-                 file: str | Path | None = None, vocabulary: dict[str, Any] | None = None) -> None:
+                 file: str | Path | None = None, vocabulary: dict[str, Any] | None = None,
+                 punctuation: bool = False) -> None:
+        if not isinstance(punctuation, bool):
+            raise DataError(f"data.tokenizer_kwargs.punctuation must be true or false, got {punctuation!r}")
+        self.punctuation = punctuation
         if min_freq < 1:
             raise DataError(f"data.tokenizer_kwargs.min_freq must be at least 1, got {min_freq}")
         if max_size is not None and max_size < 1:
@@ -82,9 +92,9 @@ class WordTokenizer:
         self.min_freq, self.max_size = min_freq, max_size
         self.vocabulary = vocabulary  # a vocabulary file's content, or None (fitted)
         if file is not None:
-            if min_freq != 1 or max_size is not None or tuple(words):
-                raise DataError("data.tokenizer_kwargs min_freq and max_size fit a vocabulary; leave them unset when "
-                                "data.tokenizer_file gives one")
+            if min_freq != 1 or max_size is not None or tuple(words) or punctuation:
+                raise DataError("data.tokenizer_kwargs min_freq, max_size and punctuation fit a vocabulary; leave "
+                                "them unset when data.tokenizer_file gives one")
             path = existing_file(file, "data.tokenizer_file", "vocab.json")
             self.vocabulary = read_vocabulary(path.read_text(encoding="utf-8"), f"data.tokenizer_file={file}")
         if self.vocabulary is None:
@@ -110,7 +120,7 @@ class WordTokenizer:
             return
         counts: Counter[str] = Counter()
         for text in texts:
-            counts.update(text.split())
+            counts.update(self.words(text))  # the end-of-line symbol is not ranked
         ranked = [w for w, n in counts.most_common() if n >= self.min_freq and w not in (EOS, UNK)]
         self._set_words([EOS, UNK] + ranked[: self.max_size], EOS, UNK, False)
 
@@ -122,6 +132,8 @@ class WordTokenizer:
             text = text.lower()
         if "\r" in text:
             text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if self.punctuation:
+            text = PUNCTUATION.sub(r" \1 ", text)
         words = text.replace("\n", f" {self.eos} ").split()
         if close_last_line and text and not text.endswith("\n"):
             words.append(self.eos)
@@ -172,7 +184,8 @@ class WordTokenizer:
     def key(self) -> str:
         if self.vocabulary is not None:
             return f"word(vocabulary_sha256={hashlib.sha256(self._vocabulary_text().encode()).hexdigest()})"
-        return f"word(min_freq={self.min_freq},max_size={self.max_size})"
+        more = ",punctuation=True" if self.punctuation else ""
+        return f"word(min_freq={self.min_freq},max_size={self.max_size}{more})"
 
     def _vocabulary_text(self) -> str:
         v = self.vocabulary
@@ -181,10 +194,13 @@ class WordTokenizer:
     def to_dict(self) -> dict[str, Any]:
         if self.vocabulary is not None:
             return {"name": self.name, "vocabulary": json.loads(self._vocabulary_text())}
-        return {"name": self.name, "min_freq": self.min_freq, "max_size": self.max_size, "words": self.itos[2:]}
+        more = {"punctuation": True} if self.punctuation else {}
+        return {"name": self.name, "min_freq": self.min_freq, "max_size": self.max_size, "words": self.itos[2:],
+                **more}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> WordTokenizer:
         if "vocabulary" in values:
             return cls(vocabulary=read_vocabulary(json.dumps(values["vocabulary"]), "the token cache"))
-        return cls(values["min_freq"], values["max_size"], values["words"])
+        return cls(values["min_freq"], values["max_size"], values["words"],
+                   punctuation=values.get("punctuation", False))

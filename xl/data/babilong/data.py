@@ -33,7 +33,7 @@ from xl.data.babilong.generated import (
 )
 from xl.data.babilong.lengths import parse_length
 from xl.data.babilong.samples import Sample, samples
-from xl.data.babilong.tasks import TASKS
+from xl.data.babilong.tasks import QUESTIONS, QUESTIONS_PER_STORY, TASKS
 from xl.data.datamodule import SegmentDataModule
 from xl.data.errors import DataError
 from xl.data.sources import Piece, Source
@@ -41,6 +41,7 @@ from xl.data.stream import SegmentLoader
 from xl.data.tokenizers import SubwordTokenizer, Tokenizer, make_tokenizer
 
 LOSSES = ("answer", "all")
+
 VERSION = 1  # of the samples' layout and generator: a change gets new token caches
 
 
@@ -69,17 +70,21 @@ class BabilongSource:
 
     def __init__(self, background: Source, tasks: Sequence[str], length: int, sizes: dict[str, int], seed: int,
                  count: Callable[[str], int], tokenizer_key: str, stream: SampleStream | None = None,
-                 vocabulary: SampleStream | None = None) -> None:
+                 vocabulary: SampleStream | None = None, questions: str = "last",
+                 most: int = QUESTIONS_PER_STORY) -> None:
         self.background, self.tasks, self.length = background, list(tasks), length
         self.sizes, self.seed, self.count, self.tokenizer_key = sizes, seed, count, tokenizer_key
-        self.stream, self.fitted_on = stream, vocabulary or stream
+        self.stream, self.fitted_on, self.questions = stream, vocabulary or stream, questions
+        self.most = most
 
     def identity(self) -> str:
         stream = None if self.stream is None else [VOCABULARY_SAMPLES, self.fitted_on.pool_tokens]
         if self.stream is not None and self.fitted_on is not self.stream:
             stream += [self.fitted_on.length, self.fitted_on.tasks]
         spec = json.dumps([VERSION, self.tasks, self.length, self.sizes, self.seed, self.background.identity(),
-                           self.tokenizer_key, MAX_UNIT_TOKENS, *([stream] if stream else [])])
+                           self.tokenizer_key, MAX_UNIT_TOKENS, *([stream] if stream else []),
+                           *([f"train questions: {self.questions}"] if self.questions != "last" else []),
+                           *([f"train questions up to: {self.most}"] if self.most != QUESTIONS_PER_STORY else [])])
         return "babilong-" + hashlib.sha256(spec.encode()).hexdigest()[:16]
 
     def setting(self, split: str) -> str:
@@ -93,19 +98,21 @@ class BabilongSource:
             yield from (self.fitted_on.sample(VOCABULARY_ROW, j) for j in range(VOCABULARY_SAMPLES))
             return
         background = Sentences(self.background, split, self.count)
-        streams = [samples(task, self.length, split, self.seed, background, self.count) for task in self.tasks]
+        questions, most = (self.questions, self.most) if split == "train" else ("last", QUESTIONS_PER_STORY)
+        streams = [samples(task, self.length, split, self.seed, background, self.count, questions, most)
+                   for task in self.tasks]
         for i in range(self.sizes[split]):
             yield next(streams[i % len(streams)])
 
     def texts(self, split: str) -> Iterator[str]:
-        yield from (s.prompt + s.answer for s in self.samples(split))
+        yield from ("".join(text for text, _ in s.pieces()) for s in self.samples(split))
         if self.stream is not None and split == "train":
             yield from self.fitted_on.pool_texts()
 
     def documents(self, split: str) -> Iterator[Piece]:
         for sample in self.samples(split):
-            yield True, sample.prompt
-            yield False, sample.answer, True
+            for k, (text, is_answer) in enumerate(sample.pieces()):
+                yield (False, text, True) if is_answer else (k == 0, text)
         if self.stream is not None and split == "train" and self.fitted_on.pool is not None:
             yield True, "".join(self.fitted_on.pool_texts())
 
@@ -119,7 +126,8 @@ class BabilongDataModule(SegmentDataModule):
 
     def __init__(self, background: Source, tasks: Sequence[str] = ("qa1",), length: int | str = "1k",
                  train_samples: int | str = 2000, eval_samples: int = 200, seed: int = 0, loss: str = "answer",
-                 vocabulary: dict[str, Any] | None = None, **kwargs: Any) -> None:
+                 vocabulary: dict[str, Any] | None = None, train_questions: str = "last",
+                 train_most_questions: int = QUESTIONS_PER_STORY, **kwargs: Any) -> None:
         tasks = check_tasks(tasks)
         try:
             tokens = parse_length(length)
@@ -131,6 +139,16 @@ class BabilongDataModule(SegmentDataModule):
                 raise DataError(f"data.{key} must be a whole number >= 1{more}, got {value!r}")
         if loss not in LOSSES:
             raise DataError(f"data.loss must be answer (the answer's tokens only) or all (every token), got {loss!r}")
+        if train_questions not in QUESTIONS:
+            raise DataError("data.train_questions must be last (one question per training story), all (each "
+                            f"question of the story) or every (qa1: about every actor), got {train_questions!r}")
+        questions = train_questions
+        if not isinstance(train_most_questions, int) or not 1 <= train_most_questions <= QUESTIONS_PER_STORY:
+            raise DataError(f"data.train_most_questions must be a whole number from 1 to {QUESTIONS_PER_STORY}, got "
+                            f"{train_most_questions!r}")
+        if questions != "last" and tokens != 0:
+            raise DataError(f"data.train_questions={questions} writes a training story's questions at data.length=0 "
+                            "only; set data.length=0 or data.train_questions=last")
         if kwargs.get("doc_sep") is not None:
             raise DataError("data.doc_sep does not apply to data=babilong, whose samples are its documents; "
                             "set data.doc_sep=null")
@@ -142,7 +160,9 @@ class BabilongDataModule(SegmentDataModule):
                             "to a tokenizer.json, or data.tokenizer=byte, char or word")
         sizes = {"train": train_samples, "val": eval_samples, "test": eval_samples}
         count = token_counter(tokenizer)
-        self.stream = SampleStream(background, tasks, tokens, seed, count) if train_samples == STREAM else None
+        self.stream = (SampleStream(background, tasks, tokens, seed, count, questions=questions,
+                                    most=train_most_questions)
+                       if train_samples == STREAM else None)
         fitted_on = None
         if self.stream is not None:
             sizes["train"] = VOCABULARY_SAMPLES
@@ -150,7 +170,7 @@ class BabilongDataModule(SegmentDataModule):
                 fitted_on = SampleStream(background, check_tasks(vocabulary["tasks"]),
                                          parse_length(vocabulary["length"]), seed, count)
         source = BabilongSource(background, tasks, tokens, sizes, seed, count, tokenizer.key(), self.stream,
-                                fitted_on)
+                                fitted_on, questions, train_most_questions)
         super().__init__(source, **kwargs)
         self.loss = loss
 

@@ -31,7 +31,7 @@ import torch
 
 from xl.data.babilong.background import MAX_UNIT_TOKENS, Sentences, units
 from xl.data.babilong.samples import MAX_DRAWS, Sample, hide, split_of
-from xl.data.babilong.tasks import GENERATORS
+from xl.data.babilong.tasks import GENERATORS, QUESTIONS_PER_STORY
 from xl.data.errors import DataError
 from xl.data.metrics import IGNORE_INDEX
 from xl.data.sources import Source
@@ -87,8 +87,10 @@ class SampleStream:
     """Sample ``(row, j)`` of ``tasks`` at ``length`` tokens (counted by ``count``), for ``seed``."""
 
     def __init__(self, background: Source, tasks: Sequence[str], length: int, seed: int,
-                 count: Callable[[str], int], pool_tokens: int = POOL_TOKENS) -> None:
+                 count: Callable[[str], int], pool_tokens: int = POOL_TOKENS, questions: str = "last",
+                 most: int = QUESTIONS_PER_STORY) -> None:
         self.background, self.tasks, self.length, self.seed = background, list(tasks), length, seed
+        self.questions, self.most = questions, most
         self.count, self.pool_tokens = count, max(pool_tokens, 8 * length)
 
     @functools.cached_property
@@ -106,7 +108,7 @@ class SampleStream:
         task = self.task(row, j)
         rng = random.Random(f"babilong:{self.seed}:stream:{task}:{self.length}:{row}:{j}")
         for _ in range(MAX_DRAWS):
-            story = GENERATORS[task](rng)
+            story = GENERATORS[task](rng, self.questions, self.most)
             if split_of(story) != "train":
                 continue
             background = None if self.pool is None else self.pool.reader(rng.randrange(len(self.pool.units)))
@@ -119,19 +121,27 @@ class SampleStream:
 
 @dataclass(frozen=True)
 class Encoded:
-    """A sample as the token cache holds a document: its ids, the ``[start, end)`` of its answer's ids, and each
+    """A sample as the token cache holds a document: its ids, the ``[start, end)`` of each answer's ids, and each
     position's UTF-8 length where the tokenizer can give ``<unk>`` (else None)."""
 
     ids: np.ndarray
-    answer: tuple[int, int]
+    answers: tuple[tuple[int, int], ...]
     n_bytes: np.ndarray | None
+
+    def answer_mask(self) -> np.ndarray:
+        """Whether each position lies in an answer."""
+        mask = np.zeros(len(self.ids), dtype=bool)
+        for start, end in self.answers:
+            mask[start:end] = True
+        return mask
 
 
 def encode_sample(sample: Sample, tokenizer: Tokenizer) -> Encoded:
-    """The prompt and the answer encoded apart, as :func:`xl.data.cache.encode_documents` encodes pieces."""
+    """The sample's pieces (the prompt, the answer; a training story's earlier questions and answers before them)
+    encoded apart, as :func:`xl.data.cache.encode_documents` encodes pieces."""
     unknown_bytes = getattr(tokenizer, "unknown_bytes", None)
-    parts, lengths = [], []
-    for text in (sample.prompt, sample.answer):
+    parts, lengths, answers, at = [], [], [], 0
+    for text, is_answer in sample.pieces():
         missing: Counter[str] = Counter()
         ids = np.asarray(tokenizer.encode(text, missing), dtype=np.int64)
         parts.append(ids)
@@ -140,8 +150,11 @@ def encode_sample(sample: Sample, tokenizer: Tokenizer) -> Encoded:
             if missing:
                 n[ids == tokenizer.unk_id] = unknown_bytes(text, ids)
             lengths.append(n)
+        if is_answer:
+            answers.append((at, at + len(ids)))
+        at += len(ids)
     ids = np.concatenate(parts)
-    return Encoded(ids, (len(parts[0]), len(ids)), np.concatenate(lengths) if lengths else None)
+    return Encoded(ids, tuple(answers), np.concatenate(lengths) if lengths else None)
 
 
 class Row:
@@ -181,8 +194,7 @@ class Row:
         if self.held[0][2].n_bytes is not None:
             n_bytes = np.concatenate([s.n_bytes for _, _, s in self.held])[start - first : end - first]
         pos = np.concatenate([np.arange(len(s.ids)) for _, _, s in self.held])[start - first : end - first]
-        answer = np.concatenate([(np.arange(len(s.ids)) >= s.answer[0]) & (np.arange(len(s.ids)) < s.answer[1])
-                                 for _, _, s in self.held])[start - first : end - first]
+        answer = np.concatenate([s.answer_mask() for _, _, s in self.held])[start - first : end - first]
         return ids, n_bytes, pos, answer
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from xl.data.babilong.background import Sentences
-from xl.data.babilong.tasks import GENERATORS, Story
+from xl.data.babilong.tasks import GENERATORS, QUESTIONS_PER_STORY, Story
 from xl.data.errors import DataError
 
 SPLIT_OF_BUCKET = ("train",) * 8 + ("val", "test")
@@ -45,6 +45,7 @@ class Sample:
     context: str
     tokens: int
     next_tokens: int
+    earlier: tuple[tuple[str, str], ...] = ()  # (what is read before it, answer) of each earlier question, in order
 
     @property
     def prompt(self) -> str:
@@ -56,18 +57,26 @@ class Sample:
         """What it should write: the answer, and the line end that closes it."""
         return f"{self.story.answer}\n"
 
+    def pieces(self) -> list[tuple[str, bool]]:
+        """The document in order, each piece with whether it is an answer: the earlier questions' text and answers
+        (a training story that keeps them), then the prompt and the answer."""
+        return [*((text, k % 2 == 1) for pair in self.earlier for k, text in enumerate(pair)),
+                (self.prompt, False), (self.answer, True)]
+
 
 def split_of(story: Story) -> str:
     bucket = int.from_bytes(hashlib.sha256(story.key().encode()).digest()[:4], "big") % len(SPLIT_OF_BUCKET)
     return SPLIT_OF_BUCKET[bucket]
 
 
-def stories(task: str, split: str, seed: int) -> Iterator[Story]:
-    """The split's stories of ``task``, in an order fixed by ``seed``."""
+def stories(task: str, split: str, seed: int, questions: str = "last", most: int = QUESTIONS_PER_STORY
+            ) -> Iterator[Story]:
+    """The split's stories of ``task``, in an order fixed by ``seed``; ``questions``: which questions a story keeps
+    (:data:`xl.data.babilong.tasks.QUESTIONS`) and ``most`` how many at most (train split's settings)."""
     rng = random.Random(f"babilong:{seed}:{split}:{task}")
     generate = GENERATORS[task]
     while True:
-        story = generate(rng)
+        story = generate(rng, questions, most)
         if split_of(story) == split:
             yield story
 
@@ -77,8 +86,13 @@ def hide(story: Story, length: int, background: Sentences, count: Callable[[str]
     """``story`` in a context of at most ``length`` tokens; None if its facts alone do not fit."""
     facts = story.facts
     if length == 0:
+        if story.asked:
+            return _with_questions(story, count)
         context = " ".join(facts) + "\n"
         return Sample(story, context, count(context), 0)
+    if story.asked:
+        raise DataError("a training story's earlier questions (data.train_questions=all) are written at data.length=0 "
+                        "only; set data.length=0 or data.train_questions=last")
     newline = count("\n")
     reserve = sum(count(f + "\n") for f in facts) + newline  # the most the facts and a closing line end can take
     if reserve > length:
@@ -109,12 +123,27 @@ def hide(story: Story, length: int, background: Sentences, count: Callable[[str]
     return Sample(story, "".join(text for text, _ in pieces), tokens, background.peek()[1])
 
 
+def _with_questions(story: Story, count: Callable[[str], int]) -> Sample:
+    """bAbI's own format at length 0: each earlier question on its own line after the facts before it (on a line of
+    their own), its answer on the next; the last question ends the sample. ``tokens`` counts all that the last
+    question follows."""
+    def lines(facts: tuple[str, ...]) -> str:
+        return " ".join(facts) + "\n" if facts else ""  # two questions in a row: no empty line between
+
+    earlier, done = [], 0
+    for n, question, answer in story.asked:
+        earlier.append((lines(story.facts[done:n]) + f"Question: {question}\n", f"{answer}\n"))
+        done = n
+    context = lines(story.facts[done:])
+    return Sample(story, context, sum(count(t) for pair in earlier for t in pair) + count(context), 0, tuple(earlier))
+
+
 def samples(task: str, length: int, split: str, seed: int, background: Sentences,
-            count: Callable[[str], int]) -> Iterator[Sample]:
+            count: Callable[[str], int], questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Iterator[Sample]:
     """The split's samples of ``task`` at ``length``, the background read from ``background`` in order."""
     rng = random.Random(f"babilong:{seed}:{split}:{task}:{length}:positions")
     passed = 0
-    for story in stories(task, split, seed):
+    for story in stories(task, split, seed, questions, most):
         sample = hide(story, length, background, count, rng)
         if sample is not None:
             passed = 0

@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xl.data.babilong.world import ACTORS, GIVERS, LOCATIONS, OBJECTS, OPPOSITE, Action, Known, World
 
 TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
 # The answers each task can have (BABILong's TASK_LABELS for qa1-qa5, babilong/metrics.py).
 LABELS = {"qa1": LOCATIONS, "qa2": LOCATIONS, "qa3": LOCATIONS, "qa4": LOCATIONS, "qa5": (*GIVERS, *OBJECTS)}
-QUESTIONS_PER_STORY = 5
+QUESTIONS_PER_STORY = 5  # a story is cut at its k-th question, k from 1 to this (``most`` of a training story)
+# Which questions a story keeps (data.train_questions): its last (BABILong's one), all of them in bAbI's format, or
+# in qa1 every actor's at each question's place (other tasks: all).
+QUESTIONS = ("last", "all", "every")
 MAX_FACTS = 300  # a story of qa2 or qa3 that has not reached its question by then is begun again
 OBJECT_ACTIONS = (("get", "drop"), ("move",))  # qa2, qa3: get or drop, or a move, each group one time in two
 GIVER_ACTIONS = (("get",), ("give",), ("move",))  # qa5
@@ -38,13 +41,16 @@ GIVER_ACTIONS = (("get",), ("give",), ("move",))  # qa5
 
 @dataclass(frozen=True)
 class Story:
-    """Facts, one question and its answer; ``supporting``: the indices of the facts the answer follows from."""
+    """Facts, one question and its answer; ``supporting``: the indices of the facts the answer follows from.
+    ``asked``: the story's earlier questions, each ``(facts before it, question, answer)``, where the generator was
+    asked to keep them (a training story in bAbI's format, ``data.train_questions=all``)."""
 
     task: str
     facts: tuple[str, ...]
     question: str
     answer: str
     supporting: tuple[int, ...]
+    asked: tuple[tuple[int, str, str], ...] = ()
 
     def key(self) -> str:
         """The story as text (task, facts, question): what must never be in two splits."""
@@ -55,34 +61,58 @@ def answered(task: str, world: World, question: str, known: Known) -> Story:
     return Story(task, tuple(world.facts), question, known.value, tuple(sorted(known.support)))
 
 
-def qa1(rng: random.Random) -> Story:
+def with_asked(story: Story, earlier: list[Story]) -> Story:
+    """``story`` that keeps ``earlier`` (stories cut at its earlier questions) as its earlier questions."""
+    return replace(story, asked=tuple((len(e.facts), e.question, e.answer) for e in earlier))
+
+
+def qa1(rng: random.Random, questions: str = "last",
+        most: int = QUESTIONS_PER_STORY) -> Story:
+    """A question after every two moves, the k-th ends the story (k from 1 to ``most``). ``questions="all"``
+    keeps the earlier ones too, ``"every"`` asks at each of those points about every actor who has moved, in random
+    order, the story's own question last (both draw more of ``rng``: other stories than ``"last"``)."""
     world = World(rng, ACTORS)
-    for _ in range(2 * rng.randint(1, QUESTIONS_PER_STORY)):
+    earlier = []
+
+    def ask(actors: list[str]) -> None:
+        earlier.extend(answered("qa1", world, f"Where is {a}?", world.actor_at[a]) for a in actors)
+
+    for k in range(rng.randint(1, most)):
+        if k and questions == "all":
+            ask([rng.choice(sorted(world.actor_at))])
+        elif k and questions == "every":
+            ask(rng.sample(sorted(world.actor_at), len(world.actor_at)))
+        world.perform(world.propose("move"))
         world.perform(world.propose("move"))
     actor = rng.choice(sorted(world.actor_at))
-    return answered("qa1", world, f"Where is {actor}?", world.actor_at[actor])
+    if questions == "every":
+        ask(rng.sample([a for a in sorted(world.actor_at) if a != actor], len(world.actor_at) - 1))
+    return with_asked(answered("qa1", world, f"Where is {actor}?", world.actor_at[actor]), earlier)
 
 
-def _object_story(rng: random.Random, ask: Callable[[World], Story | None]) -> Story:
+def _object_story(rng: random.Random, ask: Callable[[World], Story | None], questions: str, most: int) -> Story:
     """qa2 and qa3: gets, drops and moves; a question after three facts or more, one time in two, if ``ask`` finds
-    one; the k-th question ends the story."""
+    one; the k-th question ends the story (``questions`` other than ``"last"``: with the earlier ones, the same draws
+    of ``rng``)."""
     world = World(rng, ACTORS)
-    last = rng.randint(1, QUESTIONS_PER_STORY)
-    asked = since = 0
+    last = rng.randint(1, most)
+    since = 0
+    earlier: list[Story] = []
     while True:
         if len(world.facts) == MAX_FACTS:
-            world, asked, since = World(rng, ACTORS), 0, 0
+            world, since, earlier = World(rng, ACTORS), 0, []
         world.perform(world.propose_any(OBJECT_ACTIONS))
         since += 1
         if since > 2 and rng.random() < 0.5:
             story = ask(world)
             if story is not None:
-                asked, since = asked + 1, 0
-                if asked == last:
-                    return story
+                since = 0
+                if len(earlier) + 1 == last:
+                    return with_asked(story, earlier if questions != "last" else [])
+                earlier.append(story)
 
 
-def qa2(rng: random.Random) -> Story:
+def qa2(rng: random.Random, questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Story:
     def ask(world: World) -> Story | None:
         known = [o for o in sorted(world.object_at) if len(world.object_at[o].support) <= 2]
         if not known:
@@ -90,10 +120,10 @@ def qa2(rng: random.Random) -> Story:
         o = world.rng.choice(known)
         return answered("qa2", world, f"Where is the {o}?", world.object_at[o])
 
-    return _object_story(rng, ask)
+    return _object_story(rng, ask, questions, most)
 
 
-def qa3(rng: random.Random) -> Story:
+def qa3(rng: random.Random, questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Story:
     def ask(world: World) -> Story | None:
         options = {o: Known(h[-2].value, h[-2].support | h[-1].support) for o in OBJECTS
                    if len(h := world.history[o]) > 1 and [k.value for k in h].count(h[-1].value) == 1}
@@ -103,10 +133,11 @@ def qa3(rng: random.Random) -> Story:
         o = world.rng.choice(sorted(options))
         return answered("qa3", world, f"Where was the {o} before the {world.history[o][-1].value}?", options[o])
 
-    return _object_story(rng, ask)
+    return _object_story(rng, ask, questions, most)
 
 
-def qa4(rng: random.Random) -> Story:
+def qa4(rng: random.Random, questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Story:
+    """One question, whatever ``questions``."""
     first, middle, last = rng.sample(LOCATIONS, 3)  # first is `way` of middle, middle is `way` of last
     way = rng.choice(("north", "west"))
     facts = []
@@ -123,9 +154,11 @@ def qa4(rng: random.Random) -> Story:
     return Story("qa4", tuple(facts[k] for k in order), question, answer, (order.index(fact),))
 
 
-def qa5(rng: random.Random) -> Story:
+def qa5(rng: random.Random, questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Story:
+    """The k-th give's question ends the story, whatever ``questions`` (its earlier questions would need more draws
+    of ``rng``)."""
     world = World(rng, GIVERS)
-    last = rng.randint(1, QUESTIONS_PER_STORY)
+    last = rng.randint(1, most)
     asked = since = 0
     while True:
         action = world.propose_any(GIVER_ACTIONS)
@@ -161,5 +194,5 @@ def _who_gave(world: World, give: Action, fact: int) -> Story:
     return answered("qa5", world, question, Known(answer, frozenset({fact})))
 
 
-GENERATORS: dict[str, Callable[[random.Random], Story]] = {"qa1": qa1, "qa2": qa2, "qa3": qa3, "qa4": qa4,
+GENERATORS: dict[str, Callable[..., Story]] = {"qa1": qa1, "qa2": qa2, "qa3": qa3, "qa4": qa4,
                                                           "qa5": qa5}

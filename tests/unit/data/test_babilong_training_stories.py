@@ -1,0 +1,167 @@
+"""Settings that change how a BABILong-style model is trained and nothing it is scored on: word tokens with each
+punctuation mark a word of its own (``data.tokenizer_kwargs.punctuation``), and training stories that keep every
+question of the story in bAbI's format (``data.train_questions=all``) or, in qa1, ask about every actor at each
+question's place (``every``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.helpers.babilong_solver import solve
+from xl.data import DataError
+from xl.data.babilong.data import BabilongDataModule
+from xl.data.babilong.generated import STREAM, encode_sample
+from xl.data.babilong.samples import hide
+from xl.data.babilong.tasks import GENERATORS
+from xl.data.sources import StdlibSource
+from xl.data.words import WordTokenizer
+
+
+def test_punctuation_marks_are_words_of_their_own():
+    tok = WordTokenizer(punctuation=True)
+    tok.fit(["John went to the kitchen.\nQuestion: Where is John?\nkitchen\n"])
+    assert tok.words("Where is John?\nkitchen\n") == ["Where", "is", "John", "?", "<eos>", "kitchen", "<eos>"]
+    assert tok.words("the kitchen. John, Mary's") == ["the", "kitchen", ".", "John", ",", "Mary", "'", "s", "<eos>"]
+    assert list(tok.encode("John?"))[:2] == list(tok.encode("John ?"))[:2] == [tok.encode("John")[0],
+                                                                                   tok.encode("?")[0]]
+    assert tok.unk_id not in tok.encode("Where is John? kitchen.")
+    assert tok.decode(tok.encode("Where is John?\n")) == "Where is John ?\n"
+
+
+def test_without_punctuation_words_are_split_on_whitespace_alone():
+    tok = WordTokenizer()
+    tok.fit(["John went to the kitchen.\n"])
+    assert tok.words("John went to the kitchen.") == ["John", "went", "to", "the", "kitchen.", "<eos>"]
+    assert "kitchen" not in tok.itos and "kitchen." in tok.itos
+
+
+def test_the_punctuation_setting_is_kept_fingerprinted_and_checked(tmp_path):
+    fitted = WordTokenizer(punctuation=True)
+    fitted.fit(["a b. c?\n"])
+    again = WordTokenizer.from_dict(fitted.to_dict())
+    assert again.punctuation and again.itos == fitted.itos and again.key() == fitted.key()
+    assert WordTokenizer().key() == "word(min_freq=1,max_size=None)"  # the cache keys of existing runs stay
+    assert fitted.key() != WordTokenizer().key() and "punctuation" not in WordTokenizer().to_dict()
+    with pytest.raises(DataError, match="punctuation must be true or false"):
+        WordTokenizer(punctuation="yes")
+    from xl.data.words import vocabulary_json
+
+    path = tmp_path / "vocab.json"
+    path.write_text(vocabulary_json(["<eos>", "<unk>", "a"]))
+    with pytest.raises(DataError, match="data.tokenizer_file"):
+        WordTokenizer(file=path, punctuation=True)
+
+
+@pytest.mark.parametrize("task,questions", [("qa1", "all"), ("qa2", "all"), ("qa3", "all"), ("qa1", "every")])
+def test_a_story_that_keeps_its_questions_answers_each_from_the_facts_before_it(task, questions):
+    rng = random.Random("kept")
+    kept = 0
+    for _ in range(200):
+        story = GENERATORS[task](rng, questions)
+        assert solve(list(story.facts), story.question) == story.answer
+        last = 0
+        for n, question, answer in story.asked:
+            assert (last < n if questions == "all" else last <= n) and n <= len(story.facts)
+            assert solve(list(story.facts[:n]), question) == answer
+            last = n
+        kept += len(story.asked)
+    assert kept > 100
+
+
+def test_every_asks_about_each_actor_who_moved_at_each_question_s_place_once():
+    rng = random.Random("every")
+    for _ in range(200):
+        story = GENERATORS["qa1"](rng, "every")
+        points: dict[int, list[str]] = {}
+        for n, question, _ in (*story.asked, (len(story.facts), story.question, story.answer)):
+            points.setdefault(n, []).append(question.removeprefix("Where is ").removesuffix("?"))
+        assert sorted(points) == list(range(2, len(story.facts) + 1, 2))
+        for n, actors in points.items():
+            moved = {fact.split()[0] for fact in story.facts[:n]}
+            assert sorted(actors) == sorted(moved)
+
+
+@pytest.mark.parametrize("task,questions", [(t, q) for t in ("qa2", "qa3", "qa4", "qa5") for q in ("all", "every")])
+def test_keeping_the_questions_draws_the_same_stories_where_it_needs_no_draws(task, questions):
+    a, b = random.Random(5), random.Random(5)
+    for _ in range(50):
+        kept, one = GENERATORS[task](a, questions), GENERATORS[task](b)
+        assert (kept.facts, kept.question, kept.answer, one.asked) == (one.facts, one.question, one.answer, ())
+
+
+def test_a_kept_question_is_a_line_of_its_own_and_its_answer_a_piece_of_its_own():
+    rng = random.Random(3)
+    story = next(s for s in iter(lambda: GENERATORS["qa1"](rng, "all"), None) if len(s.asked) == 2)
+    sample = hide(story, 0, None, len, rng)
+    pieces = sample.pieces()
+    (n1, q1, a1), (n2, q2, a2) = story.asked
+    assert pieces == [(" ".join(story.facts[:n1]) + f"\nQuestion: {q1}\n", False), (f"{a1}\n", True),
+                      (" ".join(story.facts[n1:n2]) + f"\nQuestion: {q2}\n", False), (f"{a2}\n", True),
+                      (" ".join(story.facts[n2:]) + f"\nQuestion: {story.question}\n", False),
+                      (f"{story.answer}\n", True)]
+    assert sample.prompt == pieces[-2][0] and sample.answer == pieces[-1][0]
+    tok = WordTokenizer(punctuation=True)
+    tok.fit(text for text, _ in pieces)
+    encoded = encode_sample(sample, tok)
+    assert [tok.decode(encoded.ids[a:b]) for a, b in encoded.answers] == [f"{a1}\n", f"{a2}\n", f"{story.answer}\n"]
+    assert encoded.answer_mask().sum() == 6
+
+
+def data(tmp_path, **settings):
+    values = {"tasks": ["qa1", "qa2"], "length": 0, "eval_samples": 20, "train_samples": 40, "seed": 0,
+              "tokenizer": "word", "batch_size": 2, "tgt_len": 16, "cache_dir": str(tmp_path / "cache"), **settings}
+    dm = BabilongDataModule(StdlibSource(), **values)
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+@pytest.mark.parametrize("train_samples,questions,most", [(40, "all", 5), (STREAM, "all", 5), (STREAM, "every", 5),
+                                                          (40, "every", 2)])
+def test_kept_questions_change_the_train_split_only_and_score_every_answer(tmp_path, train_samples, questions, most):
+    last = data(tmp_path / "last", train_samples=train_samples)
+    every = data(tmp_path / "all", train_samples=train_samples, train_questions=questions, train_most_questions=most)
+    for split in ("val", "test"):
+        assert list(last.source.samples(split)) == list(every.source.samples(split))
+    assert last.cache.folder != every.cache.folder
+    batches = {name: [b for _, b in zip(range(30), dm.train_dataloader(), strict=False)]
+               for name, dm in (("last", last), ("all", every))}
+    scored = {name: sum(int((b[1] != -100).sum()) for b in got) for name, got in batches.items()}
+    assert scored["all"] > 1.5 * scored["last"]
+    again = data(tmp_path / "again", train_samples=train_samples, train_questions=questions,
+                 train_most_questions=most)
+    assert [[t.tolist() for t in b[:2]] for b in batches["all"][:10]] == [
+        [t.tolist() for t in b[:2]] for _, b in zip(range(10), again.train_dataloader(), strict=False)]
+
+
+def test_kept_questions_are_written_at_length_0_only():
+    for settings, message in (({"length": "1k", "train_questions": "all"}, "data.length=0"),
+                              ({"length": "1k", "train_questions": "every"}, "data.length=0"),
+                              ({"length": 0, "train_questions": "some"}, "data.train_questions"),
+                              ({"length": 0, "train_most_questions": 6}, "data.train_most_questions"),
+                              ({"length": 0, "train_most_questions": 0}, "data.train_most_questions")):
+        with pytest.raises(DataError, match=message) as err:
+            BabilongDataModule(StdlibSource(), tasks=["qa1"], **settings)
+        assert "\n" not in str(err.value) and len(str(err.value)) < 200
+
+
+def test_two_questions_in_a_row_leave_no_empty_line():
+    rng = random.Random(7)
+    story = next(s for s in iter(lambda: GENERATORS["qa1"](rng, "every"), None) if len(s.facts) == 2 and s.asked)
+    text = "".join(text for text, _ in hide(story, 0, None, len, rng).pieces())
+    assert "\n\n" not in text and text.count("Question: ") == len(story.asked) + 1
+
+
+@pytest.mark.parametrize("task", ["qa1", "qa2", "qa3", "qa5"])
+def test_a_training_story_runs_to_at_most_its_most_questions(task):
+    rng = random.Random("most")
+    for most in (1, 2):
+        for _ in range(100):
+            story = GENERATORS[task](rng, "all", most)
+            assert len(story.asked) < most
+            if task == "qa1":
+                assert len(story.facts) <= 2 * most
+    one = [GENERATORS["qa1"](random.Random(k), "last", 1) for k in range(50)]
+    assert {len(s.facts) for s in one} == {2}
