@@ -34,16 +34,17 @@ def model_flops(cfg: XLConfig, batch: int, tgt_len: int, mem_len: int, train: bo
     """FLOPs (2 per multiply-add) of one segment's step with ``mem_len`` cached positions; plain softmax head.
 
     Per layer: queries over L positions, keys/values over K = M + L, the relative embeddings projected once
-    for the batch, position scores, content scores and the weighted sum over all K keys (on the GPU the causal
-    mask is applied, not skipped), output projection and feed-forward. Training is three times the forward,
-    less the input gradients nobody needs: of the position projection (its input is a constant) and of the
-    memory's key/value projection (the memory is detached).
+    for the batch, position scores (over K + 1 columns: the shift reads one zero column past distance 0), content
+    scores and the weighted sum over all K keys (on the GPU the causal mask is applied, not skipped), output
+    projection and feed-forward. Training is three times the forward, less the input gradients nobody needs: of
+    the position projection (its input is a constant) and of the memory's key/value projection (the memory is
+    detached).
     """
     if cfg.cutoffs:
         raise ValueError("model_flops counts the plain softmax head only; set cutoffs=() for the benchmark")
     B, L, M, d, inner, di = batch, tgt_len, mem_len, cfg.d_model, cfg.n_head * cfg.d_head, cfg.d_inner
     K = M + L
-    per_row = 2 * L * d * inner + 2 * K * d * 2 * inner + 3 * 2 * L * K * inner \
+    per_row = 2 * L * d * inner + 2 * K * d * 2 * inner + 2 * L * (K + 1) * inner + 2 * 2 * L * K * inner \
         + 2 * L * inner * d + 2 * 2 * L * d * di
     position_projection = 2 * K * d * inner
     forward = cfg.n_layer * (B * per_row + position_projection) + B * 2 * L * d * cfg.vocab_size

@@ -3,8 +3,8 @@
 
 Each field of the context is declared once, in :class:`MemoryContext`, with its bound and help. The settings that set
 or override it are made from those fields: the ``memory`` group's schema (:data:`MemorySettings`, with an ``eval_X``
-for each field evaluation may change, :data:`EVALUATED`), the ``memory`` node of ``python -m xl.evaluate`` and the
-decoder's context of ``python -m xl.generate`` and ``python -m xl.babilong`` (:func:`overrides`). The model's
+for each field evaluation may change, :data:`EVALUATED`), the ``memory`` node of the ``xl.evaluate`` command and the
+decoder's context of the ``xl.generate`` and ``xl.babilong`` commands (:func:`overrides`). The model's
 :class:`~xl.model.config.XLConfig` takes the context's defaults. :func:`evaluation_context` resolves the context an
 evaluation uses from the trained one and its overrides; :func:`check_values` and :func:`check_context` are the
 context's rules.
@@ -53,7 +53,7 @@ CLAMP = Bound("-1 (no clamping) or a positive integer", lambda v: v == -1 or (is
 class MemoryContext:
     """The context every memory shares: what a segment attends over, how the memory is stored, where documents and
     gradients stop. Each field is declared here once, with its bound and help; the ``memory`` group's schema
-    (:data:`MemorySettings`) and the overrides of ``python -m xl.evaluate`` and ``python -m xl.generate`` are made from
+    (:data:`MemorySettings`) and the overrides of the ``xl.evaluate`` and ``xl.generate`` commands are made from
     these fields (:func:`override`), and :func:`evaluation_context` resolves the context an evaluation uses."""
 
     mem_len: int = setting(128, bound=COUNT, help="positions of memory per layer; 0: none")
