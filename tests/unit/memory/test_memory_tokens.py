@@ -337,16 +337,9 @@ def test_train_py_memory_tokens_trains_evaluates_and_resumes_exactly(tmp_path, c
 def test_resume_at_a_window_boundary_of_memory_tokens_is_exact(tmp_path, corpus):
     """memory=tokens as configured (windows of 2 segments, the cache beneath): a run stopped at step 7 and resumed
     trains the remaining segments with the unbroken run's losses and ends with its weights."""
-    from tests.unit.training.test_tbptt import fit_resumable, resumable
+    from tests.unit.training.test_tbptt import resumed_at_step_7
 
-    extra = ("memory=tokens", "memory.num_tokens=2")
-    whole, whole_losses = fit_resumable(*resumable(tmp_path, corpus, "whole", *extra))
-    fit_resumable(*resumable(tmp_path, corpus, "first", *extra, "trainer.max_steps=7"))
-    ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
-    second, second_losses = fit_resumable(*resumable(tmp_path, corpus, "second", *extra, f"ckpt_path={ckpt}"))
-    assert len(second_losses) == 8 and all(second_losses[key] == whole_losses[key] for key in second_losses)
-    for (name, a), b in zip(whole.module.state_dict().items(), second.module.state_dict().values(), strict=True):
-        assert torch.equal(a, b), name
+    resumed_at_step_7(tmp_path, corpus, "memory=tokens", "memory.num_tokens=2")
 
 
 def test_windows_of_k_segments_train_through_lightning(tmp_path, corpus):

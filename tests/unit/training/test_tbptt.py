@@ -344,17 +344,25 @@ def fit_resumable(built, losses) -> tuple:
     return built, losses.losses
 
 
-def test_resume_at_a_window_boundary_is_exact(tmp_path, corpus):
-    whole, whole_losses = fit_resumable(*resumable(tmp_path, corpus, "whole"))
-    assert whole.trainer.global_step == 12 and len(whole_losses) == 20  # epochs of 5 segments: 3 steps each
-    fit_resumable(*resumable(tmp_path, corpus, "first", "trainer.max_steps=7"))
+def resumed_at_step_7(tmp_path, corpus, *extra: str):
+    """The unbroken run, a run stopped at step 7 (a window boundary) and its resume, with ``extra`` overrides;
+    asserts that the resume trains the last 8 segments with the unbroken run's losses and ends with its weights.
+    Returns the unbroken run, its losses and the step-7 checkpoint."""
+    whole, whole_losses = fit_resumable(*resumable(tmp_path, corpus, "whole", *extra))
+    fit_resumable(*resumable(tmp_path, corpus, "first", *extra, "trainer.max_steps=7"))
     ckpt = tmp_path / "first" / "run" / "checkpoints" / "last.ckpt"
-    assert torch.load(ckpt, weights_only=True)["global_step"] == 7
-    second, second_losses = fit_resumable(*resumable(tmp_path, corpus, "second", f"ckpt_path={ckpt}"))
+    second, second_losses = fit_resumable(*resumable(tmp_path, corpus, "second", *extra, f"ckpt_path={ckpt}"))
     assert sorted(second_losses) == sorted(whole_losses)[-len(second_losses):] and len(second_losses) == 8
     assert all(second_losses[key] == whole_losses[key] for key in second_losses)
     for (name, a), b in zip(whole.module.state_dict().items(), second.module.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+    return whole, whole_losses, ckpt
+
+
+def test_resume_at_a_window_boundary_is_exact(tmp_path, corpus):
+    whole, whole_losses, ckpt = resumed_at_step_7(tmp_path, corpus)
+    assert whole.trainer.global_step == 12 and len(whole_losses) == 20  # epochs of 5 segments: 3 steps each
+    assert torch.load(ckpt, weights_only=True)["global_step"] == 7
 
 
 def test_resume_inside_a_window_finishes_it_without_the_segments_before(tmp_path, corpus):
