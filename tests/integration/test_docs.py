@@ -151,6 +151,13 @@ SKIP = {
     "curriculum=[{length:0,train_most_questions:1,steps:400},{length:0,train_most_questions:2}] "
     "trainer.max_steps=2000 seed=1 logger=csv hydra.run.dir=runs/recipe/facts-up-to-4":
         "a research training of 10 to 45 minutes; the settings' own command above it runs",
+    "python train.py experiment=babilong_facts "
+    "curriculum=[{length:0,train_most_questions:1,steps:1000},{length:0,train_most_questions:2,steps:2000},"
+    "{length:0,train_most_questions:3,steps:2000},{length:0}] trainer.max_steps=10000 "
+    "trainer.limit_train_batches=1000 trainer.val_check_interval=1000 logger=csv hydra.run.dir=runs/recipe/facts-long":
+        "a research training of 40 minutes; the settings' own command above it runs",
+    "python -m xl.babilong ckpt=runs/recipe/facts-long tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
     "python -m xl.babilong ckpt=runs/recipe/facts-up-to-4 tasks=[qa1] lengths=[0] samples=200 logger=none":
         "scores a research training that is skipped",
     # downloads and accounts
