@@ -22,6 +22,7 @@ from tests.unit.memory.test_memory_tokens import (
     assert_decodes_as_forward,
     forward_logits,
     gradients_through_windows,
+    layout_resumes_exactly,
     random_tokens,
 )
 from xl.memory.lmrmt import LMRMTConfig
@@ -229,13 +230,7 @@ LMRMT = ("memory=lmrmt", "memory.mem_len=8", "memory.num_tokens=2")
 def test_resume_of_memory_lmrmt_at_a_window_boundary_is_exact(tmp_path, corpus):
     """memory=lmrmt (windows of 2 segments, a cache of read, text and write states): a run stopped at step 7 and
     resumed trains the remaining segments with the unbroken run's losses and ends with its weights."""
-    from tests.unit.training.test_tbptt import resumed_at_step_7
-
-    _, whole_losses, ckpt = resumed_at_step_7(tmp_path, corpus, *LMRMT)
-    assert all(math.isfinite(loss) for loss, _ in whole_losses.values())
-    memory = torch.load(ckpt, weights_only=True)["xl"]["train_memory"]
-    # [ranks, rows, positions, d_model]: each layer's cache, then the memory tokens
-    assert [tuple(t.shape) for t in memory] == [(1, 4, 8, 32)] * 2 + [(1, 4, 2, 32)]
+    layout_resumes_exactly(tmp_path, corpus, LMRMT, cache=8)
 
 
 def test_train_py_trains_memory_lmrmt(tmp_path, corpus, monkeypatch):

@@ -248,6 +248,18 @@ def test_one_token_decoding_equals_the_forward_read_in_segments(mem_len):
     assert_decodes_as_forward(token_model(mem_len))
 
 
+def layout_resumes_exactly(tmp_path, corpus, overrides: tuple[str, ...], cache: int) -> None:
+    """A token layout's run stopped at step 7 and resumed equals the unbroken run (resumed_at_step_7); its
+    checkpoint holds each layer's cache of ``cache`` positions, then the memory tokens ([ranks, rows, positions,
+    d_model]; tiny model, 4 rows, 2 tokens)."""
+    from tests.unit.training.test_tbptt import resumed_at_step_7
+
+    _, whole_losses, ckpt = resumed_at_step_7(tmp_path, corpus, *overrides)
+    assert all(math.isfinite(loss) for loss, _ in whole_losses.values())
+    memory = torch.load(ckpt, weights_only=True)["xl"]["train_memory"]
+    assert [tuple(t.shape) for t in memory] == [(1, 4, cache, 32)] * 2 + [(1, 4, 2, 32)]
+
+
 def gradients_through_windows(model: TransformerXL, k: int) -> tuple[Tensor, dict[str, Tensor]]:
     """Random tokens (2 rows, ``k`` segments of ``SEG`` and one) and the gradients of the ``k`` segments' summed
     losses, the memory kept in the graph inside the window (detached after its last segment)."""

@@ -17,6 +17,7 @@ from tests.unit.memory.test_memory_tokens import (
     assert_decodes_as_forward,
     forward_logits,
     gradients_through_windows,
+    layout_resumes_exactly,
     random_tokens,
     reference_layer,
 )
@@ -127,13 +128,7 @@ RMT = ("memory=rmt", "memory.mem_len=0", "memory.num_tokens=2", "model.pre_lnorm
 def test_resume_of_memory_rmt_at_a_window_boundary_is_exact(tmp_path, corpus):
     """memory=rmt as configured (windows of 2 segments, no cache): a run stopped at step 7 and resumed trains the
     remaining segments with the unbroken run's losses and ends with its weights."""
-    from tests.unit.training.test_tbptt import resumed_at_step_7
-
-    _, whole_losses, ckpt = resumed_at_step_7(tmp_path, corpus, *RMT)
-    assert all(math.isfinite(loss) for loss, _ in whole_losses.values())
-    memory = torch.load(ckpt, weights_only=True)["xl"]["train_memory"]
-    # [ranks, rows, positions, d_model]: each layer's cache empty, then the memory tokens
-    assert [tuple(t.shape) for t in memory] == [(1, 4, 0, 32)] * 2 + [(1, 4, 2, 32)]
+    layout_resumes_exactly(tmp_path, corpus, RMT, cache=0)
 
 
 def test_train_py_trains_memory_rmt(tmp_path, corpus, monkeypatch):
