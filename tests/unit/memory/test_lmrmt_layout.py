@@ -12,7 +12,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from tests.conftest import compose_config, run_hydra_main, tiny_overrides
@@ -20,6 +19,7 @@ from tests.helpers.reference import position_embedding
 from tests.unit.memory.test_memory_tokens import (
     TINY,
     assert_decodes_as_forward,
+    assert_gradients_equal_reference,
     forward_logits,
     gradients_through_windows,
     layout_resumes_exactly,
@@ -192,10 +192,7 @@ def test_gradients_through_k_segments_equal_the_reference():
 
     model.zero_grad()
     logits = lmrmt_reference(model, x, SEG, 7)
-    sum(F.cross_entropy(logits[:, i * SEG:(i + 1) * SEG].flatten(0, 1), y[:, i * SEG:(i + 1) * SEG].flatten())
-        for i in range(k)).backward()
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(ours[name], p.grad, rtol=1e-8, atol=1e-10, msg=name)
+    assert_gradients_equal_reference(model, logits, y, k, SEG, ours)
 
 
 # ---- decoding -----------------------------------------------------------------------------------------------------

@@ -170,10 +170,7 @@ def test_gradients_through_k_segments_equal_the_hand_unrolled_reference(mem_len)
 
     model.zero_grad()
     logits = reference_logits(model, x, SEG, mem_len)  # everything in one graph: nothing detached
-    sum(F.cross_entropy(logits[:, i * SEG:(i + 1) * SEG].flatten(0, 1), y[:, i * SEG:(i + 1) * SEG].flatten())
-        for i in range(k)).backward()
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(ours[name], p.grad, rtol=1e-8, atol=1e-10, msg=name)
+    assert_gradients_equal_reference(model, logits, y, k, SEG, ours)
 
 
 @pytest.mark.parametrize("mem_len", [0, 6])
@@ -258,6 +255,15 @@ def layout_resumes_exactly(tmp_path, corpus, overrides: tuple[str, ...], cache: 
     assert all(math.isfinite(loss) for loss, _ in whole_losses.values())
     memory = torch.load(ckpt, weights_only=True)["xl"]["train_memory"]
     assert [tuple(t.shape) for t in memory] == [(1, 4, cache, 32)] * 2 + [(1, 4, 2, 32)]
+
+
+def assert_gradients_equal_reference(model: TransformerXL, logits: Tensor, y: Tensor, k: int, seg: int,
+                                     ours: dict[str, Tensor]) -> None:
+    """The reference's gradients (its logits, k segments of ``seg`` in one graph, the losses summed) equal ours."""
+    sum(F.cross_entropy(logits[:, i * seg:(i + 1) * seg].flatten(0, 1), y[:, i * seg:(i + 1) * seg].flatten())
+        for i in range(k)).backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(ours[name], p.grad, rtol=1e-8, atol=1e-10, msg=name)
 
 
 def gradients_through_windows(model: TransformerXL, k: int) -> tuple[Tensor, dict[str, Tensor]]:
