@@ -41,6 +41,7 @@ from torch import Tensor
 
 from xl.device.headroom import NAMES, SETTINGS, verdict
 from xl.model.config import XLConfig
+from xl.model.memory import segment_positions
 from xl.model.transformer import TransformerXL, count_parameters
 
 MiB = 1024 * 1024
@@ -115,7 +116,7 @@ def activation_elements(config: XLConfig, batch: int, tgt_len: int, mem_len: int
     transients (the module docstring)."""
     memory = config.memory.memory(config)
     # Positions a layer runs over (the segment and any the memory adds to it), and the keys each of them sees.
-    B, L, H, D, d = batch, memory.segment_positions(tgt_len), config.n_head, config.d_head, config.d_model
+    B, L, H, D, d = batch, segment_positions(memory, tgt_len), config.n_head, config.d_head, config.d_model
     M = memory.size(mem_len, tgt_len).keys
     K = M + L
     scores = B * H * L * K

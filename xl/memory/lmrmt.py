@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from xl.memory.tokens import TokenMemory, TokensConfig
+from xl.model.decoding import Decoder
 from xl.model.documents import Documents
 from xl.model.memory import Context, Segment, Size, Update
 
@@ -81,10 +82,10 @@ class LMRMTMemory(TokenMemory):
         """The cache (read, text and write positions alike), and the memory once."""
         return Size(vectors=self.config.n_layer * mem_len + self.n, keys=mem_len)
 
-    def segment_inputs(self, state: list[Tensor], h: Tensor, documents: Documents | None = None) -> Tensor:
+    def inputs(self, state: list[Tensor], h: Tensor, documents: Documents | None) -> Tensor:
         if documents is not None:
             raise ValueError(NO_DOCUMENTS)
-        return super().segment_inputs(state, h)
+        return super().inputs(state, h, None)
 
     def mask(self, mask: Tensor, documents: Documents | None, context: Context) -> Tensor:
         """The causal mask [L + 2n, M + L + 2n] with the read block and the write block in full view."""
@@ -109,14 +110,14 @@ class LMRMTMemory(TokenMemory):
         return LMRMTDecoder(model, batch_size, window, clamp_len, same_length)
 
 
-class LMRMTDecoder:
+class LMRMTDecoder(Decoder):
     """One-token decoding of a model with ``memory=lmrmt``: each fed token runs the forward over its segment's text
     read so far, from the memory as it stood at the segment's start (a text token sees the cache, the read tokens and
     the text before it, none of which a later token changes); a segment's ``memory.seg_len``-th token moves the memory
     on. So each token gets the logits of the forward read in segments, at a cost of the segment so far per token."""
 
     def __init__(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> None:
-        self.model, self.batch_size, self.window, self.clamp_len = model.eval(), batch_size, window, clamp_len
+        super().__init__(model, batch_size, window, clamp_len, same_length)
         self.period = model.memory.settings.seg_len
         self.state: list[Tensor] | None = None
         self.text = torch.zeros(batch_size, 0, dtype=torch.long, device=model.device)
@@ -129,13 +130,8 @@ class LMRMTDecoder:
             self.text = tokens
         return out.logits[:, -1]
 
-    @torch.no_grad()
-    def prefill(self, tokens: Tensor, seg_len: int | None = None, starts: Tensor | None = None) -> Tensor:
-        """Start a new text: read ``tokens`` [B, T] in segments of the training length (``seg_len`` does not apply to
-        memory tokens); the logits [B, vocab] after the last token."""
-        if tokens.dim() != 2 or tokens.size(0) != self.batch_size or tokens.size(1) < 1:
-            raise ValueError(f"prefill needs tokens [{self.batch_size}, T >= 1] (this decoder's batch size), "
-                             f"got {tuple(tokens.shape)}")
+    def _prefill(self, tokens: Tensor, seg_len: int | None, starts: Tensor | None) -> Tensor:
+        """The prompt read in segments of the training length (``seg_len`` does not apply to memory tokens)."""
         if starts is not None and starts[:, 1:].any():
             raise ValueError(NO_DOCUMENTS)
         self.state, self.text = None, tokens[:, :0]
@@ -143,14 +139,10 @@ class LMRMTDecoder:
             logits = self._run(tokens[:, s:s + self.period])
         return logits
 
-    def reset_rows(self, rows: Tensor) -> None:
+    def _reset_rows(self, rows: Tensor) -> None:
         """Documents are refused (:data:`NO_DOCUMENTS`)."""
         if bool(rows.any()):
             raise ValueError(NO_DOCUMENTS)
 
-    @torch.no_grad()
-    def feed(self, tokens: Tensor) -> Tensor:
-        """Read one token per row, ``tokens`` [B]; return the logits [B, vocab] of the token after it."""
-        if tokens.shape != (self.batch_size,):
-            raise ValueError(f"feed takes one token per row, [{self.batch_size}], got {tuple(tokens.shape)}")
+    def _feed(self, tokens: Tensor) -> Tensor:
         return self._run(torch.cat([self.text, tokens[:, None]], dim=1))

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xl.model.decoding import NO_DOCUMENT_START
+from xl.model.decoding import NO_DOCUMENT_START, Decoder
 from xl.model.documents import Documents, positions
 from xl.model.eviction import leaving
 from xl.model.positions import relative_embeddings
@@ -35,16 +35,15 @@ if TYPE_CHECKING:
 
 
 
-class TokenDecoder:
+class TokenDecoder(Decoder):
     """Per layer: keys/values of ``cache ∘ read ∘ text ∘ write`` of the current segment in one buffer, the projected
     relative embeddings (times the attention scale) and the stacked query/key/value weight, made from the weights at
     construction; the memory [B, n, d]. Build a new decoder after changing the weights."""
 
     def __init__(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> None:
-        memory = model.memory  # batch_size and the context: checked by TransformerXL.decoder
+        super().__init__(model, batch_size, window, clamp_len, same_length)
+        memory = self.memory = model.memory  # batch_size and the context: checked by TransformerXL.decoder
         cfg = model.config
-        self.model, self.memory, self.batch_size, self.window = model.eval(), memory, batch_size, window
-        self.clamp_len = clamp_len
         self.n, self.period = memory.n, memory.settings.seg_len
         self.size = window + self.period + 2 * self.n  # the most keys a position sees, itself included
         pos_emb = relative_embeddings(self.size, clamp_len, cfg.d_model, model.device).to(model.dtype)
@@ -64,19 +63,10 @@ class TokenDecoder:
         # Per row, the text coordinate (0: this segment's first token) where its current document begins.
         self.first = np.full(self.batch_size, NO_DOCUMENT_START, dtype=np.int64)
 
-    @torch.no_grad()
-    def prefill(self, tokens: Tensor, seg_len: int | None = None, starts: Tensor | None = None) -> Tensor:
-        """Start a new text: read ``tokens`` [B, T] with the model's forward in segments of the training length
-        (``memory.seg_len``, the memory's period: ``seg_len`` does not apply to memory tokens), then feed the tokens
-        after the last whole segment one by one. Returns the logits [B, vocab] after the last token.
-
-        ``starts`` [B, T] (bool): where further documents begin inside the prompt (its first token always begins
-        one)."""
-        if tokens.dim() != 2 or tokens.size(0) != self.batch_size or tokens.size(1) < 1:
-            raise ValueError(f"prefill needs tokens [{self.batch_size}, T >= 1] (this decoder's batch size), "
-                             f"got {tuple(tokens.shape)}")
-        if starts is not None and starts.shape != tokens.shape:
-            raise ValueError(f"starts must have the prompt's shape {tuple(tokens.shape)}, got {tuple(starts.shape)}")
+    def _prefill(self, tokens: Tensor, seg_len: int | None, starts: Tensor | None) -> Tensor:
+        """The prompt read with the model's forward in segments of the training length (``memory.seg_len``, the
+        memory's period: ``seg_len`` does not apply to memory tokens), then the tokens after the last whole segment
+        fed one by one."""
         model, period = self.model, self.period
         pos = None if starts is None else positions(starts)
         whole = tokens.size(1) // period * period
@@ -101,17 +91,10 @@ class TokenDecoder:
             logits = self.feed(tokens[:, t])
         return logits
 
-    def reset_rows(self, rows: Tensor) -> None:
-        """The next token fed to each row where ``rows`` [B] (bool) is True begins a new document."""
-        if rows.shape != (self.batch_size,):
-            raise ValueError(f"reset_rows takes one flag per row, [{self.batch_size}], got {tuple(rows.shape)}")
+    def _reset_rows(self, rows: Tensor) -> None:
         self.first[rows.cpu().numpy().astype(bool)] = self.i
 
-    @torch.no_grad()
-    def feed(self, tokens: Tensor) -> Tensor:
-        """Read one token per row, ``tokens`` [B]; return the logits [B, vocab] of the token after it."""
-        if tokens.shape != (self.batch_size,):
-            raise ValueError(f"feed takes one token per row, [{self.batch_size}], got {tuple(tokens.shape)}")
+    def _feed(self, tokens: Tensor) -> Tensor:
         model = self.model
         if self.read_inputs is None:
             self._read()

@@ -113,7 +113,8 @@ def document_coordinates(pos: Tensor, n: int) -> Tensor:
 
 class TokenMemory(Memory):
     """``num_tokens`` memory tokens read at each segment's start and written at its end, over the Transformer-XL cache
-    of text states. State: the cache's ``n_layer`` tensors [B, M, d], then the memory [B, num_tokens, d]."""
+    of text states. State: the cache's ``n_layer`` tensors [B, M, d], then the memory [B, num_tokens, d]. It is its own
+    :class:`~xl.model.memory.SegmentPositions` (``inputs``, ``mask``): n read positions before the text, n write after."""
 
     def __init__(self, config: XLConfig) -> None:
         super().__init__(config)
@@ -121,6 +122,8 @@ class TokenMemory(Memory):
         self.n = self.settings.num_tokens
         self.cache = CacheMemory(config)
         self.initial: InitialTokens | None = None
+        # The memory adds n read positions before the segment and n write positions after it (SegmentPositions).
+        self.positions, self.before, self.after = self, self.n, self.n
 
     def build(self) -> dict[str, nn.Module]:
         self.initial = InitialTokens(self.n, self.config.d_model)
@@ -153,11 +156,10 @@ class TokenMemory(Memory):
         tokens are run anew each segment."""
         return Size(vectors=self.config.n_layer * mem_len + self.n, keys=mem_len)
 
-    def segment_positions(self, seg_len: int) -> int:
-        return seg_len + 2 * self.n
-
     # ---- one segment -----------------------------------------------------------------------------------------------
-    def segment_inputs(self, state: list[Tensor], h: Tensor, documents: Documents | None = None) -> Tensor:
+    def inputs(self, state: list[Tensor], h: Tensor, documents: Documents | None) -> Tensor:
+        """``read ∘ h ∘ write``, both ends the memory (or, per row, the learned initial values where a document
+        begins)."""
         memory = state[-1].to(h.dtype)
         read = write = memory
         if documents is not None:
@@ -168,9 +170,6 @@ class TokenMemory(Memory):
             began_later = (pos.size(1) - 1 - pos[:, -1]) > 0
             write = torch.where(began_later[:, None, None], initial, read)
         return torch.cat([read, h, write], dim=1)
-
-    def segment_outputs(self, h: Tensor) -> Tensor:
-        return h[:, self.n:h.size(1) - self.n]
 
     def mask(self, mask: Tensor, documents: Documents | None, context: Context) -> Tensor:
         """The causal mask [L + 2n, M + L + 2n]; with documents, per row, the keys before each query's document start

@@ -50,7 +50,56 @@ if TYPE_CHECKING:
 NO_DOCUMENT_START = np.iinfo(np.int64).min // 2  # a row whose text has no document start to hide anything before
 
 
-class IncrementalDecoder:
+class Decoder:
+    """What every memory's one-token decoder offers (:meth:`TransformerXL.decoder` returns one): :meth:`prefill`,
+    :meth:`feed` and :meth:`reset_rows`. Their arguments are checked here, once; a decoder implements ``_prefill``,
+    ``_feed`` and ``_reset_rows`` on arguments it can trust. The model is put in evaluation mode."""
+
+    def __init__(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> None:
+        self.model, self.batch_size, self.window = model.eval(), batch_size, window
+        self.clamp_len, self.same_length = clamp_len, same_length
+
+    @torch.no_grad()
+    def prefill(self, tokens: Tensor, seg_len: int | None = None, starts: Tensor | None = None) -> Tensor:
+        """Start a new text: read ``tokens`` [B, T] with the model's forward in segments of ``seg_len`` (a memory
+        that writes once per training segment reads in those instead), then return the logits [B, vocab] after the
+        last token. ``starts`` [B, T] (bool): where further documents begin inside the prompt (its first token
+        always begins one); each token then sees only its own document."""
+        if tokens.dim() != 2 or tokens.size(0) != self.batch_size or tokens.size(1) < 1:
+            raise ValueError(f"prefill needs tokens [{self.batch_size}, T >= 1] (this decoder's batch size), "
+                             f"got {tuple(tokens.shape)}")
+        if seg_len is not None and seg_len < 1:
+            raise ValueError(f"seg_len must be >= 1, got {seg_len}")
+        if starts is not None and starts.shape != tokens.shape:
+            raise ValueError(f"starts must have the prompt's shape {tuple(tokens.shape)}, got {tuple(starts.shape)}")
+        return self._prefill(tokens, seg_len, starts)
+
+    @torch.no_grad()
+    def feed(self, tokens: Tensor) -> Tensor:
+        """Read one token per row, ``tokens`` [B]; return the logits [B, vocab] of the token after it. Without a
+        :meth:`prefill` the text starts here, with an empty memory."""
+        if tokens.shape != (self.batch_size,):
+            raise ValueError(f"feed takes one token per row, [{self.batch_size}], got {tuple(tokens.shape)}")
+        return self._feed(tokens)
+
+    def reset_rows(self, rows: Tensor) -> None:
+        """The next token fed to each row where ``rows`` [B] (bool) is True begins a new document: from then on
+        those rows see none of their earlier text (as after a :meth:`prefill` from nothing); the others keep it."""
+        if rows.shape != (self.batch_size,):
+            raise ValueError(f"reset_rows takes one flag per row, [{self.batch_size}], got {tuple(rows.shape)}")
+        self._reset_rows(rows)
+
+    def _prefill(self, tokens: Tensor, seg_len: int | None, starts: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def _feed(self, tokens: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _reset_rows(self, rows: Tensor) -> None:
+        raise NotImplementedError
+
+
+class IncrementalDecoder(Decoder):
     """Per layer: keys/values of the positions a new token attends to, the projected relative embeddings
     (multiplied by the attention scale) and the stacked query/key/value weight; with a memory that keeps slots also
     the layer inputs of the memory's states (what a slot is made from) and the memory's slot maker. All come from
@@ -60,9 +109,8 @@ class IncrementalDecoder:
         memory = model.memory  # batch_size and the context: checked by TransformerXL.decoder
         if window < 1:
             raise ValueError("incremental decoding needs a memory: set mem_len (the decoder's window) >= 1")
+        super().__init__(model, batch_size, window, clamp_len, same_length)
         cfg = model.config
-        self.model, self.batch_size, self.window = model.eval(), batch_size, window
-        self.clamp_len, self.same_length = clamp_len, same_length
         # Cached positions a new token attends to: same_length counts the token itself among the window.
         self.visible = window - 1 if same_length else window
         slots = memory.slots()  # states leaving the window make slots (the compressive memory), or are dropped
@@ -96,21 +144,11 @@ class IncrementalDecoder:
         """Compressed slots held (the first keys)."""
         return self.start - self.lo
 
-    @torch.no_grad()
-    def prefill(self, tokens: Tensor, seg_len: int, starts: Tensor | None = None) -> Tensor:
-        """Start a new text: read ``tokens`` [B, T] with the model's forward in segments of ``seg_len``,
-        carrying a memory of ``window`` positions (the decoder's clamp_len and same_length); the cache becomes
-        that memory's keys and values. Returns the logits [B, vocab] after the last token.
-
-        ``starts`` [B, T] (bool): where further documents begin inside the prompt (its first token always begins
-        one); each token then sees only its own document."""
-        if tokens.dim() != 2 or tokens.size(0) != self.batch_size or tokens.size(1) < 1:
-            raise ValueError(f"prefill needs tokens [{self.batch_size}, T >= 1] (this decoder's batch size), "
-                             f"got {tuple(tokens.shape)}")
-        if seg_len < 1:
-            raise ValueError(f"seg_len must be >= 1, got {seg_len}")
-        if starts is not None and starts.shape != tokens.shape:
-            raise ValueError(f"starts must have the prompt's shape {tuple(tokens.shape)}, got {tuple(starts.shape)}")
+    def _prefill(self, tokens: Tensor, seg_len: int | None, starts: Tensor | None) -> Tensor:
+        """The prompt read with a memory of ``window`` positions (the decoder's clamp_len and same_length); the
+        cache becomes that memory's keys and values."""
+        if seg_len is None:
+            raise ValueError("prefill needs seg_len, the segment length to read the prompt in, with this memory")
         pos = None if starts is None else positions(starts)
         mems = kv = out = None
         for start in range(0, tokens.size(1), seg_len):
@@ -134,19 +172,10 @@ class IncrementalDecoder:
             self.doc_start = self.end - 1 - pos[:, -1].cpu().numpy().astype(np.int64)
         return out.logits[:, -1]
 
-    def reset_rows(self, rows: Tensor) -> None:
-        """The next token fed to each row where ``rows`` [B] (bool) is True begins a new document: from then on
-        those rows see none of their earlier text (as after a :meth:`prefill` from nothing); the others keep it."""
-        if rows.shape != (self.batch_size,):
-            raise ValueError(f"reset_rows takes one flag per row, [{self.batch_size}], got {tuple(rows.shape)}")
+    def _reset_rows(self, rows: Tensor) -> None:
         self.doc_start[rows.cpu().numpy().astype(bool)] = self.end
 
-    @torch.no_grad()
-    def feed(self, tokens: Tensor) -> Tensor:
-        """Read one token per row, ``tokens`` [B]; return the logits [B, vocab] of the token after it.
-        Without a :meth:`prefill` the text starts here, with an empty memory."""
-        if tokens.shape != (self.batch_size,):
-            raise ValueError(f"feed takes one token per row, [{self.batch_size}], got {tuple(tokens.shape)}")
+    def _feed(self, tokens: Tensor) -> Tensor:
         model = self.model
         h = model.embed(tokens[:, None]) * model.emb_scale
         if self.end == self.k_buf[0].size(2):

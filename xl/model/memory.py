@@ -15,12 +15,12 @@ before the segment, with relative distances counted in keys. Keys carry no posit
 keys and values are carried from one segment to the next instead of being projected again (``kv``).
 
 Variants that add positions of their own to the segment (memory tokens that a segment reads at its start and writes
-at its end) say so in :meth:`Memory.segment_inputs`, and take the outputs back out in :meth:`Memory.segment_outputs`.
+at its end) set :attr:`Memory.positions`, one optional pair of hooks (:class:`SegmentPositions`).
 
 The interface, in one place (:class:`Memory`): weights (``build``); the state (``init``, ``adopt``, ``context``,
-``size``); one segment (``segment_positions``, ``segment_inputs``, ``segment_outputs``, ``mask``, ``update``, which
-receives a :class:`Segment` record of what the segment did and may ask the model's layers through :class:`Layers`);
-decoding (``decoder``, and ``slots`` for the default decoder).
+``size``); one segment (``update``, which receives a :class:`Segment` record of what the segment did and may ask the
+model's layers through :class:`Layers`; ``positions``, where the variant adds positions); decoding (``decoder``, and
+``slots`` for the default decoder).
 
 The rule by which states leave a memory, :func:`xl.model.eviction.leaving`, is shared by
 the forward pass and the one-token decoder (:mod:`xl.model.decoding`), so that both keep the same memory whatever the
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from xl.model.config import XLConfig
+    from xl.model.decoding import Decoder
     from xl.model.memory_settings import MemoryConfig
     from xl.model.transformer import TransformerXL
 
@@ -104,7 +105,7 @@ class Layers(Protocol):
 @dataclass
 class Segment:
     """What one segment did, handed to :meth:`Memory.update`: each layer's inputs over the segment's positions
-    (``layer_inputs``, with those :meth:`Memory.segment_inputs` added) and the last layer's ``outputs``; ``kv``: each
+    (``layer_inputs``, with those :attr:`Memory.positions` adds) and the last layer's ``outputs``; ``kv``: each
     layer's keys/values [B, H, M+L', D] over memory ∘ segment, as its attention computed them (in the graph);
     ``documents``: where the segment's documents begin (None: one text per row); ``layers``: the model's layers, to
     ask (:class:`Layers`).
@@ -149,6 +150,40 @@ class Slots:
     make: Callable[[int, Tensor], Tensor]
 
 
+class SegmentPositions(Protocol):
+    """The optional pair of hooks of a memory that adds positions of its own to every segment (memory tokens read at
+    its start and written at its end): the layers run over ``before + L + after`` positions, and the segment's own
+    outputs are the ``L`` between them."""
+
+    before: int
+    after: int
+
+    def inputs(self, state: list[Tensor], h: Tensor, documents: Documents | None) -> Tensor:
+        """The first layer's input [B, before + L + after, d] from the embedded segment [B, L, d] (``documents``:
+        where the rows' documents begin, for added positions that restart with them)."""
+        ...
+
+    def mask(self, mask: Tensor, documents: Documents | None, context: Context) -> Tensor:
+        """The additive attention mask over the added positions too, [L', M+L'] or per row [B, 1, L', M+L'] (causal
+        given; with ``documents``, keys of another document than a query's hidden)."""
+        ...
+
+
+def segment_positions(memory: Memory, seg_len: int) -> int:
+    """Positions the layers run over for a segment of ``seg_len`` tokens, with those ``memory`` adds."""
+    added = memory.positions
+    return seg_len + (added.before + added.after if added is not None else 0)
+
+
+def document_mask_of(mask: Tensor, documents: Documents | None, context: Context) -> Tensor:
+    """The causal mask [L, M+L] with the keys of another document than a query's hidden (per row: [B, 1, L, M+L];
+    a compressed slot unless all it summarises is in the query's document): the mask of a memory that adds no
+    positions."""
+    if needs_mask(documents, context.reach):
+        return document_mask(mask, documents.pos, context.length, context.slots, context.rate)
+    return mask
+
+
 class Memory:
     """One memory variant. Subclasses define the state's layout and the update rule; the defaults serve memories that
     attend over their state as it is and add no positions to the segment."""
@@ -187,38 +222,20 @@ class Memory:
         raise NotImplementedError
 
     # ---- one segment -----------------------------------------------------------------------------------------------
-    def segment_positions(self, seg_len: int) -> int:
-        """Positions the layers run over for a segment of ``seg_len`` tokens (with those :meth:`segment_inputs`
-        adds)."""
-        return seg_len
-
-    def segment_inputs(self, state: list[Tensor], h: Tensor, documents: Documents | None = None) -> Tensor:
-        """The first layer's input [B, L', d] from the embedded segment [B, L, d]: the variant's own positions added
-        (``documents``: where the rows' documents begin, for a variant whose added positions restart with them)."""
-        return h
-
-    def segment_outputs(self, h: Tensor) -> Tensor:
-        """The last layer's outputs of the segment's own tokens, [B, L, d], from those of :meth:`segment_inputs`."""
-        return h
-
-    def mask(self, mask: Tensor, documents: Documents | None, context: Context) -> Tensor:
-        """The additive attention mask [L', M+L'] (or [B, 1, L', M+L'] per row): with ``documents``, keys of another
-        document than a query's are hidden too (a compressed slot unless all it summarises is in the query's)."""
-        if needs_mask(documents, context.reach):
-            return document_mask(mask, documents.pos, context.length, context.slots, context.rate)
-        return mask
+    #: Positions the variant adds to every segment (memory tokens): None, or the pair of hooks that adds them.
+    positions: SegmentPositions | None = None
 
     def update(self, state: list[Tensor], segment: Segment) -> Update:
         """The state after a segment, from what the segment did (:class:`Segment`)."""
         raise NotImplementedError
 
     # ---- decoding --------------------------------------------------------------------------------------------------
-    def decoder(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int, same_length: bool) -> Any:
+    def decoder(self, model: TransformerXL, batch_size: int, window: int, clamp_len: int,
+                same_length: bool) -> Decoder:
         """The one-token decoder of a model with this memory (:meth:`xl.model.transformer.TransformerXL.decoder`): by
         default :class:`xl.model.decoding.IncrementalDecoder`, which serves every memory whose state is (optional)
         slots before a window of states (:meth:`slots`), each layer's states the last of its context's pieces; a
-        variant that rewrites its memory otherwise returns its own, with the same ``prefill`` / ``feed`` /
-        ``reset_rows``."""
+        variant that rewrites its memory otherwise returns its own subclass of :class:`xl.model.decoding.Decoder`."""
         from xl.model.decoding import IncrementalDecoder  # generation only
 
         return IncrementalDecoder(model, batch_size, window, clamp_len, same_length)

@@ -24,12 +24,12 @@ from xl.model.config import XLConfig
 from xl.model.documents import Documents
 from xl.model.dropout import Dropout
 from xl.model.layers import XLLayer
-from xl.model.memory import Segment
+from xl.model.memory import Segment, document_mask_of, segment_positions
 from xl.model.memory_settings import check_context, check_values, evaluation_context
 from xl.model.positions import attention_mask, sinusoid
 
 if TYPE_CHECKING:
-    from xl.model.decoding import IncrementalDecoder
+    from xl.model.decoding import Decoder
     from xl.model.memory import Context
 
 CONTEXT_CACHE_SIZE = 16  # position tables and masks kept per model, least recently used dropped first
@@ -120,7 +120,7 @@ class TransformerXL(nn.Module):
         return self.memory.init(batch_size, self.device, self.config.memory_dtype(self.dtype))
 
     def decoder(self, batch_size: int, window: int | None = None, *, clamp_len: int | None = None,
-                same_length: bool | None = None) -> IncrementalDecoder:
+                same_length: bool | None = None) -> Decoder:
         """A one-token decoder for generation, beside the forward pass (see :mod:`xl.model.decoding`).
 
         ``decoder.prefill(tokens [B, T], seg_len)`` reads a text with this model's forward, in segments with a
@@ -236,12 +236,15 @@ class TransformerXL(nn.Module):
             raise ValueError(f"documents.pos must be [B, L] = {list(input_ids.shape)} like the inputs, "
                              f"got {tuple(documents.pos.shape)}")
 
-        positions = memory.segment_positions(input_ids.size(1))
-        pos_emb, mask = self._context(positions, M, clamp_len, mem_len if same_length else None)
-        mask = memory.mask(mask, documents, context)
+        added = memory.positions  # positions the memory adds to the segment (memory tokens), or None
+        pos_emb, mask = self._context(segment_positions(memory, input_ids.size(1)), M, clamp_len,
+                                      mem_len if same_length else None)
+        mask = document_mask_of(mask, documents, context) if added is None else added.mask(mask, documents, context)
         # The position embeddings' dropout mask is drawn before the inputs', so that a seed trains as it always has.
         pos_emb = self.drop(pos_emb)
-        h = memory.segment_inputs(state, self.drop(self.embed(input_ids) * self.emb_scale), documents)
+        h = self.drop(self.embed(input_ids) * self.emb_scale)
+        if added is not None:
+            h = added.inputs(state, h, documents)
         mem_dtype = cfg.memory_dtype(h.dtype)
         # A memory stored rounded (mem_dtype) must be seen by the next segment through keys/values of the rounded
         # states, as it would be without the cache: those are projected from the new memory, not sliced from here.
@@ -261,7 +264,9 @@ class TransformerXL(nn.Module):
         new_kv = update.kv
         if cache_kv and new_kv is None:
             new_kv = layers.project_context(memory.context(update.state))
-        states = self.drop(self.final_norm(memory.segment_outputs(h)))
+        if added is not None:
+            h = h[:, added.before:h.size(1) - added.after]  # the segment's own positions
+        states = self.drop(self.final_norm(h))
         if cfg.cutoffs:
             # Adaptive softmax: the loss never materialises [B, L, vocab]; the logits only when asked for.
             loss = None if targets is None else self.head.nll(states, targets, ignore_index)

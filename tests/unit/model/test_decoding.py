@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import CONF_DIR, compose_config
+from xl.config.rules import model_values
 from xl.model.config import XLConfig
+from xl.model.decoding import Decoder
 from xl.model.transformer import TransformerXL
 
 WINDOW = 8
@@ -112,3 +115,21 @@ def test_decoder_refuses_what_it_cannot_decode():
         decoder.prefill(tokens(2, 0), seg_len=2)
     with pytest.raises(ValueError, match=r"feed takes one token per row, \[2\]"):
         decoder.feed(tokens(1))
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF_DIR / "memory").glob("*.yaml")))
+def test_every_memory_decodes_through_the_one_decoder_interface(option):
+    """Each conf/memory option's decoder is a :class:`Decoder`: the same three methods, their arguments refused in
+    the same sentences, whatever the variant (the checks live in the base class alone)."""
+    cfg = compose_config(f"memory={option}", "model=tiny", "data.tgt_len=4")
+    m = TransformerXL(XLConfig.from_dict(model_values(cfg, vocab_size=VOCAB))).eval()
+    window = max(cfg.memory.mem_len, 4)
+    decoder = m.decoder(2, window)
+    assert isinstance(decoder, Decoder)
+    with pytest.raises(ValueError, match=r"prefill needs tokens \[2, T >= 1\]"):
+        decoder.prefill(tokens(3, 5), 4)
+    with pytest.raises(ValueError, match="feed takes one token per row"):
+        decoder.feed(tokens(3))
+    with pytest.raises(ValueError, match="reset_rows takes one flag per row"):
+        decoder.reset_rows(torch.zeros(3, dtype=torch.bool))
+    assert decoder.prefill(tokens(2, 9), 4).shape == decoder.feed(tokens(2)).shape == (2, VOCAB)

@@ -44,8 +44,8 @@ class KnnDecoder(IncrementalDecoder):
         return [None if e is None else functools.partial(e, documents=None)
                 for e in self.memory.extensions([None] * self.model.config.n_layer + self.state)]
 
-    def reset_rows(self, rows: Tensor) -> None:
-        super().reset_rows(rows)
+    def _reset_rows(self, rows: Tensor) -> None:
+        super()._reset_rows(rows)
         for entries in self.stores:
             store.reset_rows(entries, rows.to(entries[store.COUNT].device))
         self._sync()
