@@ -103,7 +103,7 @@ class SegmentRunner:
         else:
             with precision:
                 out = self.forward(x, y)
-            self.update(out.loss if out.recon_loss is None else out.loss + out.recon_loss)  # as the module trains
+            self.update(out.loss if out.aux_loss is None else out.loss + out.aux_loss)  # as the module trains
         self.mems, self.kv = out.mems, out.kv
         return out
 

@@ -43,6 +43,7 @@ class CompressiveConfig(MemoryConfig):
                            help="mean (pooling, no weights) or conv (learned, attention-reconstruction loss)")
 
     name = "compressive"
+    loss_name = "recon_loss"  # the compressor's reconstruction loss (Rae et al., 2019), train/recon_loss
     evaluation_settings = ("cmem_len",)
 
     def memory(self, config: XLConfig) -> CompressiveMemory:

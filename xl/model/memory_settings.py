@@ -167,6 +167,9 @@ class MemoryConfig:
     #: The settings an evaluation may give other values (``python -m xl.evaluate +memory.NAME=V``): those that shape
     #: no weight and only size or search the memory; the others are the trained model's.
     evaluation_settings: ClassVar[tuple[str, ...]] = ()
+    #: The name its own training loss (:attr:`xl.model.memory.Update.loss`, if it has one) is logged under:
+    #: ``train/<loss_name>``.
+    loss_name: ClassVar[str] = "memory_loss"
 
     def __post_init__(self) -> None:
         check_fields(self, "memory.")

@@ -42,7 +42,7 @@ class XLOutput:
     # unless detach_memory=False
     loss: Tensor | None = None  # token mean over targets != ignore_index; 0 (no gradient) where there is none
     kv: list[tuple[Tensor, Tensor]] | None = None  # with cache_kv: the new memory's keys/values per layer
-    recon_loss: Tensor | None = None  # the memory's own training loss (the compressive memory's reconstruction loss)
+    aux_loss: Tensor | None = None  # the memory's own training loss, added to the loss (MemoryConfig.loss_name)
 
 
 class LayerView:
@@ -206,8 +206,8 @@ class TransformerXL(nn.Module):
 
         ``detach_memory=False`` returns the new memory still in the graph (for the memories that allow it): the
         next segment's loss then back-propagates into this one (truncated BPTT over several segments).
-        ``recon_loss`` is the memory's own training loss, if it has one (the compressive memory's learned
-        compressor, under gradients).
+        ``aux_loss`` is the memory's own training loss, if it has one (such as the compressive memory's
+        reconstruction loss, which trains its compressor).
         """
         cfg, memory = self.config, self.memory
         context = evaluation_context({"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length}, cfg)
@@ -280,7 +280,7 @@ class TransformerXL(nn.Module):
                 loss = torch.where((targets != ignore_index).any(), loss, 0.0)
             logits = logits if return_logits else None
         return XLOutput(logits=logits, mems=update.state, loss=loss, kv=new_kv if cache_kv else None,
-                        recon_loss=update.loss)
+                        aux_loss=update.loss)
 
 
 def count_parameters(config: XLConfig) -> int:

@@ -164,13 +164,13 @@ class XLLitModule(L.LightningModule):
         values = self.metrics.update("train", loss, batch[1], target_bytes(batch))
         self.log_dict(values, on_step=True, prog_bar=True, batch_size=batch[1].size(0))
         self.step_figures = values
-        if out.recon_loss is None:
+        if out.aux_loss is None:
             return loss
-        # The compressor's own loss (Rae et al., 2019): no gradient of it reaches the main network, nor of the main
-        # loss the compressor (the compressed memory is detached), so one backward of the sum trains both.
-        self.log("train/recon_loss", out.recon_loss.detach(), on_step=True, batch_size=batch[1].size(0))
-        self.step_figures = {**values, "train/recon_loss": out.recon_loss.detach()}
-        return loss + out.recon_loss
+        # The memory's own loss, logged under the name its variant gives it; one backward of the sum trains both.
+        name = f"train/{self.model.memory.settings.loss_name}"
+        self.log(name, out.aux_loss.detach(), on_step=True, batch_size=batch[1].size(0))
+        self.step_figures = {**values, name: out.aux_loss.detach()}
+        return loss + out.aux_loss
 
     def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         """Back-propagated when its window of ``grad_segments`` closes (:class:`GradientWindow`)."""
