@@ -206,7 +206,7 @@ def eval_model_config(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]
     if not given:
         return model
     try:
-        memory = memory_settings.for_evaluation(memory_settings.from_dict(model.get("memory")), given)
+        memory = memory_settings.for_evaluation(memory_settings.variant(model.get("memory")), given)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return {**model, "memory": memory.to_dict()}

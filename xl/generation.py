@@ -68,7 +68,7 @@ def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str,
     clamp_len, same_length = resolved["clamp_len"], resolved["same_length"]
     if cfg.mem_len is not None:
         window, source = cfg.mem_len, "mem_len"
-    elif saved["mem_len"] > 0 or not memory_settings.from_dict(saved.get("memory")).reads_afresh:  # memory tokens alone
+    elif saved["mem_len"] > 0 or not memory_settings.variant(saved.get("memory")).reads_afresh:  # memory tokens alone
         window, source = saved["mem_len"], "the checkpoint's mem_len"
     else:
         tgt_len, origin = checkpoint.train_tgt_len, "the training segment length, data.tgt_len"

@@ -173,7 +173,7 @@ def scored_memory(cfg: Any, scored_cfg: Any) -> Any:
                           "episodes (data.source.*) and the memory's evaluation settings only")
     given = {k.removeprefix("memory."): v for k, v in changed.items() if k.startswith("memory.")}
     try:
-        return memory_settings.for_evaluation(memory_settings.variant_config(cfg.memory, cfg), given)
+        return memory_settings.for_evaluation(memory_settings.variant(cfg.memory, cfg), given)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

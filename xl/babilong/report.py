@@ -87,7 +87,7 @@ def record(cfg: DictConfig, run: Any, context: dict[str, Any], decoding: str, ba
     return {
         "ckpt": str(run.checkpoint.path.resolve()), "step": run.checkpoint.global_step,
         "run": str(run.folder.resolve()) if run.folder else None, "mem_len": model["mem_len"],
-        "memory": describe(memory_settings.from_dict(model.get("memory"))), "window": context["window"],
+        "memory": describe(memory_settings.variant(model.get("memory"))), "window": context["window"],
         "clamp_len": context["clamp_len"], "same_length": context["same_length"], "decoding": decoding,
         "background": background, "samples": cfg.samples, "seed": cfg.seed, "tasks": tasks, "lengths": lengths,
         "complete": complete, "identity": identity, "accuracy": accuracy, "mean": mean, "baselines": baselines,

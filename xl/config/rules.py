@@ -185,7 +185,7 @@ def check_memory(cfg: DictConfig) -> None:
     lengths = {key: OmegaConf.select(cfg, key) for key in ("data.tgt_len", "data.eval_tgt_len", "memory.mem_len",
                                                           "memory.eval_mem_len")}
     try:
-        variant = memory_settings.variant_config(memory, cfg)
+        variant = memory_settings.variant(memory, cfg)
         check_context(memory.mem_len, memory.same_length, variant, config_key)
         evaluated = memory_settings.evaluation_context(memory_settings.eval_overrides(memory), memory)
         check_context(evaluated["mem_len"], evaluated["same_length"], variant, eval_key)
@@ -203,7 +203,7 @@ def model_values(cfg: DictConfig, vocab_size: int, fitted_cutoffs: list[int] | N
         model["cutoffs"] = fitted_cutoffs or []
     memory = cfg.memory
     return {**model, "vocab_size": vocab_size, **{name: memory[name] for name in CONTEXT_FIELDS},
-            "memory": memory_settings.variant_config(memory, cfg).to_dict()}
+            "memory": memory_settings.variant(memory, cfg).to_dict()}
 
 
 def check_shape_settings(values: Mapping[str, Any], fitted: bool = False) -> None:
@@ -253,7 +253,7 @@ def check_evaluate_config(cfg: DictConfig, model: Mapping[str, Any] | None = Non
     check_bounds(cfg)
     if cfg.per_document and cfg.vanilla:
         raise ConfigError("per_document=true reports the cached evaluation; set vanilla=false")
-    variant = memory_settings.from_dict(model.get("memory")) if model is not None else None
+    variant = memory_settings.variant(model.get("memory")) if model is not None else None
     if variant is not None and cfg.vanilla and not variant.reads_afresh:
         raise ConfigError(f"vanilla=true reads each window afresh, but this model's {variant.name} memory is written "
                           "segment by segment; set vanilla=false")

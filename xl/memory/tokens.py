@@ -113,8 +113,9 @@ def document_coordinates(pos: Tensor, n: int) -> Tensor:
 
 class TokenMemory(Memory):
     """``num_tokens`` memory tokens read at each segment's start and written at its end, over the Transformer-XL cache
-    of text states. State: the cache's ``n_layer`` tensors [B, M, d], then the memory [B, num_tokens, d]. It is its own
-    :class:`~xl.model.memory.SegmentPositions` (``inputs``, ``mask``): n read positions before the text, n write after."""
+    of text states. State: the cache's ``n_layer`` tensors [B, M, d], then the memory [B, num_tokens, d]. It is its
+    own :class:`~xl.model.memory.SegmentPositions` (``inputs``, ``mask``): n read positions before the text, n write
+    positions after it."""
 
     def __init__(self, config: XLConfig) -> None:
         super().__init__(config)

@@ -52,14 +52,14 @@ class XLConfig:
     mem_dtype: str = MemoryContext.mem_dtype
     # The memory variant and its own settings (xl.model.memory_settings): the plain cache by default. A mapping (a
     # checkpoint's record, with its _target_) is read into the variant's config.
-    memory: MemoryConfig = field(default_factory=lambda: memory_settings.from_dict(None))
+    memory: MemoryConfig = field(default_factory=lambda: memory_settings.variant(None))
 
     def __post_init__(self) -> None:
         self.cutoffs = tuple(self.cutoffs)
         if isinstance(self.tie_projs, (list, tuple)):
             self.tie_projs = tuple(self.tie_projs)
         if not isinstance(self.memory, MemoryConfig):
-            self.memory = memory_settings.from_dict(self.memory)
+            self.memory = memory_settings.variant(self.memory)
         check_model(self)
 
     def memory_dtype(self, compute_dtype: torch.dtype) -> torch.dtype:

@@ -16,10 +16,11 @@ The ``memory`` group of ``conf/`` is one flat node: the shared context (``mem_le
     mem_len: 64
     my_setting: 4
 
-:func:`settings_class` types such a node: a dataclass of the shared fields and the variant's, whose bounds
-(:func:`xl.settings.bounds.setting`) :mod:`xl.config.rules` checks like any schema's. :func:`variant_config` makes the
-variant's config from the node; the model keeps it as ``XLConfig.memory``, and a checkpoint records it with its
-``_target_`` (:meth:`MemoryConfig.to_dict`), so a run is read back with the variant it was trained with.
+:func:`typed` types such a node by a dataclass of the shared fields and the variant's, whose bounds
+(:func:`xl.settings.bounds.setting`) :mod:`xl.config.rules` checks like any schema's. :func:`variant` makes the
+variant's config from the node, or from a checkpoint's record of it: the model keeps it as ``XLConfig.memory``, and a
+checkpoint records it with its ``_target_`` (:meth:`MemoryConfig.to_dict`), so a run is read back with the variant it
+was trained with.
 
 A variant outside this package is used the same way: a dataclass subclassing :class:`MemoryConfig` whose
 :meth:`~MemoryConfig.memory` returns its :class:`xl.model.memory.Memory`, and a YAML file naming it in a folder on
@@ -201,7 +202,7 @@ class MemoryConfig:
 
     # ---- records ---------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The settings with ``_target_``: what a checkpoint records, and :func:`from_dict` reads back."""
+        """The settings with ``_target_``: what a checkpoint records, and :func:`variant` reads back."""
         return {"_target_": target_of(type(self)), **dataclasses.asdict(self)}
 
     @classmethod
@@ -254,27 +255,14 @@ def config_class(target: str) -> type[MemoryConfig]:
     return cls
 
 
-def from_dict(values: dict[str, Any] | None) -> MemoryConfig:
-    """The variant's config from :meth:`MemoryConfig.to_dict`'s record (None: the plain cache)."""
-    values = dict(values or {"_target_": DEFAULT_TARGET})
-    cls = config_class(values.pop("_target_", DEFAULT_TARGET))
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"{', '.join(unknown)} {'is not a setting' if len(unknown) == 1 else 'are not settings'} "
-                         f"of the {cls.name} memory; it has {', '.join(sorted(known)) or 'none of its own'}")
-    return cls(**values)
-
-
 @functools.cache
-def settings_class(target: str) -> type:
+def _settings_class(target: str) -> type:
     """The dataclass that types a ``memory`` node naming ``target``: :class:`MemorySettings`' fields, then the
     variant's user fields (with their bounds and help)."""
     cls = config_class(target)
     shared = typing.get_type_hints(MemorySettings)
     own = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(MemorySettings)}
-    clashing = [f.name for f in cls.user_fields() if f.name in names]
+    clashing = [f.name for f in cls.user_fields() if f.name in SHARED]
     if clashing:
         raise ValueError(f"{target} declares {', '.join(clashing)}, which every memory has already; rename it")
     specs = [(f.name, shared[f.name], _copy(f)) for f in dataclasses.fields(MemorySettings)]
@@ -290,25 +278,35 @@ def _copy(f: dataclasses.Field) -> dataclasses.Field:
 
 #: The ``memory`` group's schema: the shared context of :class:`MemoryContext` with the variant's ``_target_``.
 MemorySettings = _train_node()
+SHARED = frozenset(f.name for f in dataclasses.fields(MemorySettings))  # the keys every memory node has
 
 
-def variant_config(memory: Any, run: Any = None) -> MemoryConfig:
-    """The variant's config from a composed ``memory`` node (a DictConfig or mapping); fields marked ``from`` are
-    read from ``run`` (the composed config, ``OmegaConf.select``-able), 0 where ``run`` is None."""
-    from omegaconf import OmegaConf
+def variant(memory: Any = None, run: Any = None) -> MemoryConfig:
+    """The variant's config from a ``memory`` node, the one route from a config to a variant: a composed node (a
+    DictConfig or mapping; the context every memory shares is left out) or a checkpoint's record
+    (:meth:`MemoryConfig.to_dict`); None: the plain cache. A field marked ``from`` is read from ``run`` (the composed
+    config, ``OmegaConf.select``-able) when given, else from the node, else its default. ValueError in one sentence
+    for a key the variant lacks."""
+    values = {} if memory is None else {k: memory[k] for k in memory}
+    cls = config_class(values.pop("_target_", DEFAULT_TARGET))
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known - SHARED)
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} {'is not a setting' if len(unknown) == 1 else 'are not settings'} "
+                         f"of the {cls.name} memory; it has {', '.join(sorted(known)) or 'none of its own'}")
+    own = {k: v for k, v in values.items() if k in known}
+    if run is not None:
+        from omegaconf import OmegaConf
 
-    target = memory.get("_target_", DEFAULT_TARGET)
-    cls = config_class(target)
-    values = {f.name: memory[f.name] for f in cls.user_fields() if f.name in memory}
-    for f in dataclasses.fields(cls):
-        if "from" in f.metadata:
-            values[f.name] = OmegaConf.select(run, f.metadata["from"]) if run is not None else f.default
-    return cls(**values)
+        own.update({f.name: OmegaConf.select(run, f.metadata["from"]) for f in dataclasses.fields(cls)
+                    if "from" in f.metadata})
+    return cls(**own)
 
 
 def typed(memory: Any) -> Any:
-    """A composed ``memory`` node typed by :func:`settings_class` (a DictConfig whose schema is that class, values
-    converted, interpolations kept), or ValueError in one sentence for a key or value the variant does not take."""
+    """A composed ``memory`` node typed by the dataclass of the shared fields and its variant's user fields (a
+    DictConfig whose schema is that class, values converted, interpolations kept), or ValueError in one sentence for
+    a key or value the variant does not take."""
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import ValidationError
 
@@ -317,7 +315,7 @@ def typed(memory: Any) -> Any:
     if not isinstance(memory, DictConfig) or OmegaConf.get_type(memory) is not dict:
         return memory
     target = memory.get("_target_", DEFAULT_TARGET)
-    cls = settings_class(target)
+    cls = _settings_class(target)
     node = OmegaConf.structured(cls)
     hints = typing.get_type_hints(cls)
     for key, value in OmegaConf.to_container(memory, resolve=False).items():

@@ -28,7 +28,7 @@ from xl.data import SegmentDataModule
 from xl.data.tokenizers import TOKENIZERS
 from xl.device.footprint import PRECISION_BYTES
 from xl.model.config import XLConfig
-from xl.model.memory_settings import DEFAULT_TARGET, MemorySettings, config_class, variant_config
+from xl.model.memory_settings import DEFAULT_TARGET, MemorySettings, config_class, variant
 from xl.model.transformer import count_parameters
 from xl.training.build import build_callbacks, build_loggers
 from xl.training.loop.module import XLLitModule
@@ -81,10 +81,10 @@ def test_memory_options(option):
     for f in dataclasses.fields(MemorySettings):
         assert cfg.memory[f.name] == own.get(f.name, getattr(shared, f.name)), f"memory/{option}.yaml: {f.name}"
     assert cfg.memory.mem_dtype == "float32"
-    variant = variant_config(cfg.memory, cfg)
-    assert type(variant) is config_class(own.get("_target_", DEFAULT_TARGET))
-    for f in variant.user_fields():
-        assert getattr(variant, f.name) == own.get(f.name, f.default), f"memory/{option}.yaml: {f.name}"
+    made = variant(cfg.memory, cfg)
+    assert type(made) is config_class(own.get("_target_", DEFAULT_TARGET))
+    for f in made.user_fields():
+        assert getattr(made, f.name) == own.get(f.name, f.default), f"memory/{option}.yaml: {f.name}"
     check_memory(cfg)
 
 

@@ -270,12 +270,12 @@ def test_resume_is_exact_with_the_stores_in_the_checkpoint(tmp_path, corpus):
 def test_the_settings_compose_from_the_command_line(tmp_path, corpus):
     from tests.conftest import compose_config, tiny_overrides
     from xl.config.rules import ConfigError
-    from xl.model.memory_settings import variant_config
+    from xl.model.memory_settings import variant
     from xl.training.build import build_run
 
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), "memory=knn", "memory.knn_layers=[0,1]",
                          "memory.mem_len=0")
-    config = variant_config(cfg.memory, cfg)
+    config = variant(cfg.memory, cfg)
     assert isinstance(config, KnnConfig) and config.knn_layers == [0, 1] and config.knn_size == 65536
     assert config.to_dict()["_target_"] == "xl.memory.knn.memory.KnnConfig"
     for bad, says in (("memory.knn_layers=[1,1]", "memory.knn_layers must be"),

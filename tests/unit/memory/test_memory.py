@@ -91,7 +91,7 @@ def test_a_memory_kept_in_the_graph_is_refused_where_no_gradient_can_cross(targe
     from xl.model.transformer import TransformerXL
 
     extra = {"knn_size": 8, "knn_top_k": 2} if "Knn" in target else {"cmem_len": 2} if "Compressive" in target else {}
-    memory = memory_settings.from_dict({"_target_": target, **extra})
+    memory = memory_settings.variant({"_target_": target, **extra})
     model = TransformerXL(XLConfig(n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, vocab_size=10,
                                    mem_len=mem_len, memory=memory))
     with pytest.raises(ValueError, match=says):

@@ -210,7 +210,7 @@ class Checkpoint:
 def check_compatible(saved: dict[str, Any], current: dict[str, Any], resuming: bool, path: Path) -> None:
     """Refuse a checkpoint whose weights do not fit the configured model, naming every mismatch."""
     checked = SHAPE_FIELDS + (("mem_len", "memory") if resuming else ())
-    saved, current = ({**values, "memory": memory_settings.describe(memory_settings.from_dict(values.get("memory")))}
+    saved, current = ({**values, "memory": memory_settings.describe(memory_settings.variant(values.get("memory")))}
                       for values in (saved, current))
     diff = [f"{f}={saved.get(f)} (this run: {current.get(f)})" for f in checked if saved.get(f) != current.get(f)]
     if diff:
