@@ -1,10 +1,14 @@
-"""The config reference, generated from the schema: run as a module, it prints the tables of
-``docs/configuration.md`` (a test keeps the page equal to this output)."""
+"""The config reference, generated from the schema and the options of conf/memory/: prints the tables of
+docs/configuration.md, or with --write PAGE puts them into that page between its markers (a test keeps the page equal
+to this output)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -126,5 +130,29 @@ def generated_part(page: str) -> str:
     return page.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
 
 
+def write(page: Path) -> None:
+    """Replace the generated tables of ``page`` with :func:`reference`'s, atomically (never a half-written page)."""
+    text = page.read_text()
+    if BEGIN not in text or END not in text.split(BEGIN, 1)[1]:
+        raise SystemExit(f"error: {page} has no '{BEGIN}' ... '{END}' markers; add them where the tables go")
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    fd, tmp = tempfile.mkstemp(dir=page.parent, prefix=f".{page.name}.")
+    with os.fdopen(fd, "w") as out:
+        out.write(f"{head}{BEGIN}\n{reference()}{END}{tail}")
+    os.replace(tmp, page)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m xl.config.reference", description=" ".join(__doc__.split()))
+    parser.add_argument("--write", metavar="PAGE", type=Path,
+                        help="put the tables into PAGE between its markers (docs/configuration.md) instead of printing")
+    args = parser.parse_args(argv)
+    if args.write is None:
+        sys.stdout.write(reference())
+    else:
+        write(args.write)
+
+
 if __name__ == "__main__":
-    sys.stdout.write(reference())
+    main()
