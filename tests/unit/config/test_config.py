@@ -356,7 +356,8 @@ def test_option_files_state_only_what_differs(group, option):
 def test_the_configuration_page_is_the_schema():
     """docs/configuration.md's tables are what ``python -m xl.config.reference`` prints from the schema."""
     page = (ROOT / "docs" / "configuration.md").read_text()
-    assert generated_part(page) == reference(), "regenerate the tables: python -m xl.config.reference --write docs/configuration.md"
+    assert generated_part(page) == reference(), \
+        "regenerate the tables: python -m xl.config.reference --write docs/configuration.md"
 
 
 def test_the_schema_names_every_tokenizer_the_data_accepts():
