@@ -65,12 +65,6 @@ class DilatedMemory(Memory):
         return [torch.zeros(batch, 0, self.config.d_model, device=device, dtype=dtype)
                 for _ in range(2 * self.config.n_layer)]
 
-    def adopt(self, state: list[Tensor], batch: int, mem_len: int) -> list[Tensor]:
-        if len(state) != 2 * self.config.n_layer:
-            raise ValueError(f"expected {2 * self.config.n_layer} memory tensors, got {len(state)}; reset the memory "
-                             f"with init_mems({batch})")
-        return super().adopt(state, batch, mem_len)
-
     def context(self, state: list[Tensor]) -> Context:
         n = self.config.n_layer
         far = state[0].size(1)

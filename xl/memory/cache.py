@@ -70,16 +70,6 @@ class CacheMemory(Memory):
         d = self.config.d_model
         return [torch.zeros(batch, 0, d, dtype=dtype, device=device) for _ in range(self.config.n_layer)]
 
-    def adopt(self, state: list[Tensor], batch: int, mem_len: int) -> list[Tensor]:
-        n_layer = self.config.n_layer
-        if len(state) != n_layer:
-            raise ValueError(f"expected {n_layer} memory tensors (one per layer), got {len(state)}")
-        state = super().adopt(state, batch, mem_len)
-        if any(m.size(1) != state[0].size(1) for m in state):
-            raise ValueError(f"the memory's layers hold {[m.size(1) for m in state]} positions; every layer holds as "
-                             f"many; reset the memory with init_mems({batch})")
-        return state
-
     def context(self, state: list[Tensor]) -> Context:
         return Context([[m] for m in state], state[0].size(1))
 

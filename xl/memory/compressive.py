@@ -94,14 +94,11 @@ class CompressiveMemory(Memory):
 
     def adopt(self, state: list[Tensor], batch: int, mem_len: int) -> list[Tensor]:
         n_layer, cmem_len = self.config.n_layer, self.slot_len
-        if len(state) != 2 * n_layer:
-            raise ValueError(f"expected {2 * n_layer} memory tensors (the compressed slots, then the states, of each "
-                             f"of {n_layer} layers), got {len(state)}")
         state = super().adopt(state, batch, mem_len)
         slots, states = state[0].size(1), state[n_layer].size(1)
-        if any(m.size(1) != slots for m in state[:n_layer]) or any(m.size(1) != states for m in state[n_layer:]):
-            raise ValueError(f"the memory's layers hold {[m.size(1) for m in state]} positions; every layer holds as "
-                             f"many; reset the memory with init_mems({batch})")
+        if any(m.size(1) != slots for m in state[:n_layer]):
+            raise ValueError(f"the memory's layers hold {[m.size(1) for m in state[:n_layer]]} compressed slots; "
+                             f"every layer holds as many; reset the memory with init_mems({batch})")
         if slots > cmem_len or states >= mem_len + self.rate and slots:
             raise ValueError(f"a memory of {slots} compressed slots and {states} states does not fit mem_len + "
                              f"cmem_len = {mem_len} + {cmem_len}; reset the memory after changing either")

@@ -138,17 +138,6 @@ class TokenMemory(Memory):
     def init(self, batch: int, device: torch.device, dtype: torch.dtype) -> list[Tensor]:
         return self.cache.init(batch, device, dtype) + [self.initial_values(batch, dtype)]
 
-    def adopt(self, state: list[Tensor], batch: int, mem_len: int) -> list[Tensor]:
-        n_layer, n, d = self.config.n_layer, self.n, self.config.d_model
-        if len(state) != n_layer + 1:
-            raise ValueError(f"expected {n_layer + 1} memory tensors (the cache of each of {n_layer} layers, then the "
-                             f"{n} memory tokens), got {len(state)}; reset the memory with init_mems({batch})")
-        tokens = state[-1]
-        if tokens.shape != (batch, n, d):
-            raise ValueError(f"memory tokens of shape {tuple(tokens.shape)} do not fit a batch of {batch} rows "
-                             f"(expected [{batch}, {n}, {d}]); reset the memory with init_mems({batch})")
-        return self.cache.adopt(state[:-1], batch, mem_len) + [tokens]
-
     def context(self, state: list[Tensor]) -> Context:
         return self.cache.context(state[:-1])
 

@@ -204,12 +204,27 @@ class Memory:
         raise NotImplementedError
 
     def adopt(self, state: list[Tensor], batch: int, mem_len: int) -> list[Tensor]:
-        """The state checked against a batch of ``batch`` rows; raises ValueError with what to do otherwise."""
-        d = self.config.d_model
-        for t in state:
-            if t.dim() != 3 or t.size(0) != batch or t.size(2) != d:
-                raise ValueError(f"memory of shape {tuple(t.shape)} does not fit a batch of {batch} rows "
-                                 f"(expected [{batch}, positions, {d}]); reset the memory with init_mems({batch})")
+        """The state checked against the layout :meth:`init` gives ``batch`` rows: as many tensors, each of its rank
+        and kind (floating or integer) and of its sizes, but for the positions (dimension 1) of a tensor that starts
+        empty, and each layer's context as long as the others'; ValueError in one sentence otherwise. A variant with
+        rules of its own (bounds on what it holds) adds them after this."""
+        like = self.init(batch, torch.device("meta"), torch.float32)
+        reset = f"reset the memory with init_mems({batch})"
+        if len(state) != len(like):
+            raise ValueError(f"expected {len(like)} memory tensors for the {self.settings.name} memory, got "
+                             f"{len(state)}; {reset}")
+        for t, ref in zip(state, like, strict=True):
+            grows = ref.dim() >= 2 and ref.size(1) == 0  # its positions come and go
+            expected = ["positions" if grows and i == 1 else str(n) for i, n in enumerate(ref.shape)]
+            if (t.dim() != ref.dim() or t.is_floating_point() != ref.is_floating_point()
+                    or any(e not in ("positions", str(n)) for e, n in zip(expected, t.shape, strict=True))):
+                kind = "floating" if ref.is_floating_point() else "integer"
+                raise ValueError(f"memory of shape {tuple(t.shape)} does not fit a batch of {batch} rows (expected a "
+                                 f"{kind} [{', '.join(expected)}]); {reset}")
+        context = self.context(state)
+        lengths = [sum(piece.size(1) for piece in pieces) for pieces in context.pieces]
+        if any(n != context.length for n in lengths):
+            raise ValueError(f"the memory's layers hold {lengths} positions; every layer holds as many; {reset}")
         return state
 
     def context(self, state: list[Tensor]) -> Context:

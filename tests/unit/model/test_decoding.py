@@ -133,3 +133,30 @@ def test_every_memory_decodes_through_the_one_decoder_interface(option):
     with pytest.raises(ValueError, match="reset_rows takes one flag per row"):
         decoder.reset_rows(torch.zeros(3, dtype=torch.bool))
     assert decoder.prefill(tokens(2, 9), 4).shape == decoder.feed(tokens(2)).shape == (2, VOCAB)
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF_DIR / "memory").glob("*.yaml")))
+def test_every_memory_checks_a_given_state_against_its_own_layout(option):
+    """``Memory.adopt`` (the base class's, from :meth:`Memory.init`'s layout) takes a state the model returned and
+    refuses, in one sentence naming init_mems, a state with a tensor missing, a row too many, a wrong width, an integer
+    tensor where a floating one belongs, or layers of different lengths."""
+    cfg = compose_config(f"memory={option}", "model=tiny", "data.tgt_len=4")
+    m = TransformerXL(XLConfig.from_dict(model_values(cfg, vocab_size=VOCAB))).eval()
+    with torch.no_grad():
+        state = m(tokens(2, 4), None).mems
+        state = m(tokens(2, 4, seed=2), state).mems
+    assert m.memory.adopt(state, 2, cfg.memory.mem_len) is state
+    broken = {
+        "a tensor missing": state[:-1],
+        "a row too many": [torch.cat([t, t[:1]]) for t in state],
+        "a wrong width": [t[..., :-1] if t.is_floating_point() and t.dim() == 3 else t for t in state],
+        "an integer tensor": [t.long() if t.is_floating_point() else t for t in state],
+    }
+    growing = [i for i, t in enumerate(m.memory.init(2, torch.device("meta"), torch.float32))
+               if t.dim() >= 2 and t.size(1) == 0]
+    if growing and state[growing[0]].size(1):
+        broken["layers of different lengths"] = [t[:, 1:] if i == growing[0] else t for i, t in enumerate(state)]
+    for what, wrong in broken.items():
+        with pytest.raises(ValueError, match=r"init_mems\(2\)") as error:
+            m.memory.adopt(wrong, 2, cfg.memory.mem_len)
+        assert len(str(error.value)) < 200, what

@@ -128,21 +128,6 @@ class KnnMemory(Memory):
         n = self.config.n_layer
         return [state[n + STATE_PER_LAYER * i:n + STATE_PER_LAYER * (i + 1)] for i in range(len(self.layers))]
 
-    def adopt(self, state: list[Tensor], batch: int, mem_len: int) -> list[Tensor]:
-        cfg = self.config
-        n, expected = cfg.n_layer, cfg.n_layer + STATE_PER_LAYER * len(self.layers)
-        if len(state) != expected:
-            raise ValueError(f"expected {expected} memory tensors (the cache of each of {n} layers, then keys, values "
-                             f"and counts of {len(self.layers)} stores), got {len(state)}; reset the memory with "
-                             f"init_mems({batch})")
-        shape = (batch, cfg.n_head, self.settings.knn_size, cfg.d_head)
-        for keys, values, count in self.stores(state):
-            if keys.shape != shape or values.shape != shape or count.shape != (batch,) or count.is_floating_point():
-                raise ValueError(f"a retrieval store of shape {tuple(keys.shape)} does not fit a batch of {batch} "
-                                 f"rows and memory.knn_size={self.settings.knn_size} (expected {list(shape)}, and an "
-                                 f"integer count per row); reset the memory with init_mems({batch})")
-        return self.cache.adopt(state[:n], batch, mem_len) + state[n:]
-
     def context(self, state: list[Tensor]) -> Context:
         n = self.config.n_layer
         context = self.cache.context(state[:n])
