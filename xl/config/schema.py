@@ -78,6 +78,10 @@ class ModelSchema:
     dropout: float = setting(XLConfig.dropout, bound=between(0, 1, words=""), help="dropout of every layer's output")
     dropatt: float = setting(XLConfig.dropatt, bound=between(0, 1, words=""),
                              help="dropout of the attention probabilities")
+    init_std: float = setting(XLConfig.init_std, bound=Bound("a positive number", lambda v: isinstance(
+        v, (int, float)) and not isinstance(v, bool) and v > 0), help="standard deviation of the normal initial "
+        "weights of the linear layers, embeddings and position biases; narrow models learn to bind facts with "
+        "wider ones, such as 0.07 at width 64 (docs/babilong.md)")
     pre_lnorm: bool = setting(XLConfig.pre_lnorm, help="layer norm before each sub-layer instead of after")
     tie_weights: bool = setting(XLConfig.tie_weights, help="the output word vectors are the input embedding")
     cutoffs: list[int] | None = setting(

@@ -28,6 +28,7 @@ class XLConfig:
     d_inner: int = 1024
     dropout: float = 0.1
     dropatt: float = 0.0
+    init_std: float = 0.02  # the normal initialisation's standard deviation (Transformer-XL's 0.02)
     # The memory's context (declared with its bounds and help by MemoryContext, whose defaults these are).
     mem_len: int = MemoryContext.mem_len
     clamp_len: int = MemoryContext.clamp_len
@@ -100,6 +101,8 @@ def check_model(c: Any, key: Callable[[str], str] = xlconfig_key) -> None:
         value = getattr(c, name)
         if not 0.0 <= value < 1.0:
             raise ValueError(f"{key(name)} must be in [0, 1), got {value!r}")
+    if isinstance(c.init_std, bool) or not isinstance(c.init_std, (int, float)) or not c.init_std > 0:
+        raise ValueError(f"{key('init_std')} must be a positive number, got {c.init_std!r}")
     if not is_int(c.div_val) or c.div_val < 1:
         raise ValueError(f"{key('div_val')} must be a positive integer, got {c.div_val!r}")
     check_values({name: getattr(c, name) for name in CONTEXT_FIELDS}, key)

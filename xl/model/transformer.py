@@ -90,7 +90,7 @@ class TransformerXL(nn.Module):
             self.head: nn.Module = AdaptiveLogSoftmax.of(config)
         else:
             self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.apply(self._init_weights)
+        self.apply(functools.partial(self._init_weights, std=config.init_std))
         if config.tie_weights and config.cutoffs:
             self.head.tie_to(self.embed, projections=config.tie_projs)
         elif config.tie_weights:
@@ -106,14 +106,16 @@ class TransformerXL(nn.Module):
         self._context_cache: OrderedDict[tuple, tuple[Tensor, Tensor]] = OrderedDict()
 
     @staticmethod
-    def _init_weights(module: nn.Module) -> None:
+    def _init_weights(module: nn.Module, std: float) -> None:
+        """Transformer-XL's normal initialisation with standard deviation ``std`` (``XLConfig.init_std``) of the
+        linear layers' and embeddings' weights and the attention's position biases; the linear biases zero."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, 0.0, 0.02)
+            nn.init.normal_(module.weight, 0.0, std)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
         if isinstance(module, RelMultiHeadAttention):
-            nn.init.normal_(module.r_w_bias, 0.0, 0.02)
-            nn.init.normal_(module.r_r_bias, 0.0, 0.02)
+            nn.init.normal_(module.r_w_bias, 0.0, std)
+            nn.init.normal_(module.r_r_bias, 0.0, std)
 
     def init_mems(self, batch_size: int) -> list[Tensor]:
         """The memory's empty state (the plain cache: n_layer tensors [B, 0, d_model]) in its storage dtype."""

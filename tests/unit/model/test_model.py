@@ -428,3 +428,25 @@ def test_the_forward_trusts_the_context_its_config_checked(monkeypatch):
     assert asked == [True]
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         model.decoder(0)
+
+
+def test_init_std_scales_every_normal_initial_weight():
+    """``init_std`` is the standard deviation of the normal initialisation (linear layers, embeddings, the attention's
+    position biases): under one seed, a model with 0.07 has exactly 3.5 times those weights of one with 0.02 (the same
+    draws), and the same layer norms and zero biases, bit for bit."""
+    shape = dict(vocab_size=50, n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, mem_len=4)
+    models = {}
+    for std in (0.02, 0.07):
+        torch.manual_seed(0)
+        models[std] = TransformerXL(XLConfig(**shape, init_std=std))
+    drawn = {f"{name}.weight" for name, m in models[0.02].named_modules() if isinstance(m, (torch.nn.Linear,
+                                                                                        torch.nn.Embedding))}
+    drawn |= {name for name, _ in models[0.02].named_parameters() if name.endswith(("r_w_bias", "r_r_bias"))}
+    narrow, wide = (dict(models[std].named_parameters()) for std in (0.02, 0.07))
+    assert len(drawn & set(narrow)) == 1 + 8 * shape["n_layer"]  # the (tied) embedding; q, kv, r, o, ff x2, 2 biases
+    for name, p in narrow.items():
+        if name in drawn:
+            torch.testing.assert_close(wide[name], p * 3.5, rtol=1e-6, atol=0)
+            assert 0.05 < wide[name].std().item() < 0.09, name
+        else:
+            assert torch.equal(wide[name], p), name
