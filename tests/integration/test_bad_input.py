@@ -205,7 +205,7 @@ BAD_VALUES = {
     "callbacks.lr_monitor.logging_interval": "batch", "callbacks.progress_bar.refresh_rate": -1,
     "compile.mode": "fastest", "seed": -1, "max_nonfinite_steps": 0,
     "model.n_layer": 0, "model.n_head": -1, "model.d_model": 0, "model.d_head": 0, "model.d_inner": 0,
-    "model.dropout": 1.0, "model.dropatt": -0.1, "model.div_val": 0, "model.d_embed": 0, "model.tie_projs": "some",
+    "model.dropout": 1.0, "model.dropatt": -0.1, "model.init_std": 0, "model.div_val": 0, "model.d_embed": 0, "model.tie_projs": "some",
     "optim.lr": -1.0, "optim.warmup_steps": -1,
     "optim.min_lr_ratio": 1.5, "data.tokenizer": "sentencepiece", "data.batch_size": 0, "data.eval_batch_size": 0,
     "data.tgt_len": -1, "data.eval_tgt_len": 0,

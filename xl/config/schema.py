@@ -12,7 +12,9 @@ Importing ``xl`` registers the schemas, so composing ``conf/`` by hand (``hydra.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,41 +62,42 @@ def _devices(v: Any) -> bool:
 
 POSITIVE = at_least(1)
 COUNT = at_least(0)
-SIZE = Bound("a positive integer", lambda v: is_int(v) and v >= 1)
-FLAGS = Bound("true, false or a list of them, one per cluster", lambda v: isinstance(v, bool) or (
-    (OmegaConf.is_list(v) or isinstance(v, (list, tuple))) and all(isinstance(t, bool) for t in v)))
 
 
 # ---- model and memory: the defaults are XLConfig's (config S of the benchmarks) -----------------------------------
-@dataclass
-class ModelSchema:
-    """``model``: the network's shape (XLConfig's fields other than the vocabulary and the memory context)."""
+#: The shape fields of :class:`XLConfig` that the ``model`` group sets (the vocabulary is fitted to the data, the
+#: memory's context is the ``memory`` group's), in XLConfig's order, and the schema's types where a YAML value needs
+#: another one than the dataclass's (lists for tuples; null cutoffs: fitted to the vocabulary).
+MODEL_FIELDS = ("n_layer", "n_head", "d_model", "d_head", "d_inner", "dropout", "dropatt", "init_std", "pre_lnorm",
+                "tie_weights", "cutoffs", "div_val", "tie_projs", "d_embed", "proj_all")
+CUTOFFS = setting(None, help="adaptive input/softmax cluster boundaries, strictly increasing below the vocabulary; "
+                             "[] one softmax; null fitted to the vocabulary (one softmax up to 32,768 ids or for "
+                             "byte/char data; above, a head of the 8,192 most frequent ids and clusters 4x wider)")
 
-    n_layer: int = setting(XLConfig.n_layer, bound=SIZE, help="layers")
-    n_head: int = setting(XLConfig.n_head, bound=SIZE, help="attention heads per layer")
-    d_model: int = setting(XLConfig.d_model, bound=SIZE, help="width; even (sinusoidal positions take pairs)")
-    d_head: int = setting(XLConfig.d_head, bound=SIZE, help="width of one head")
-    d_inner: int = setting(XLConfig.d_inner, bound=SIZE, help="feed-forward width")
-    dropout: float = setting(XLConfig.dropout, bound=between(0, 1, words=""), help="dropout of every layer's output")
-    dropatt: float = setting(XLConfig.dropatt, bound=between(0, 1, words=""),
-                             help="dropout of the attention probabilities")
-    init_std: float = setting(XLConfig.init_std, bound=Bound("a positive number", lambda v: isinstance(
-        v, (int, float)) and not isinstance(v, bool) and v > 0), help="standard deviation of the normal initial "
-        "weights of the linear layers, embeddings and position biases; narrow models learn to bind facts with "
-        "wider ones, such as 0.07 at width 64 (docs/babilong.md)")
-    pre_lnorm: bool = setting(XLConfig.pre_lnorm, help="layer norm before each sub-layer instead of after")
-    tie_weights: bool = setting(XLConfig.tie_weights, help="the output word vectors are the input embedding")
-    cutoffs: list[int] | None = setting(
-        None, help="adaptive input/softmax cluster boundaries, strictly increasing below the vocabulary; [] one "
-                   "softmax; null fitted to the vocabulary (one softmax up to 32,768 ids or for byte/char data; "
-                   "above, a head of the 8,192 most frequent ids and clusters 4x wider)")
-    div_val: int = setting(XLConfig.div_val, bound=SIZE, help="cluster i is d_embed // div_val**i wide")
-    tie_projs: Any = setting(XLConfig.tie_projs, bound=FLAGS, help="with tie_weights, the softmax shares the input "
-                                                                   "projections: all, or of the clusters a list marks")
-    d_embed: int | None = setting(XLConfig.d_embed, bound=optional(SIZE),
-                                  help="the adaptive input's first cluster's width; null: d_model")
-    proj_all: bool = setting(XLConfig.proj_all, help="every cluster projected to d_model, also one already that wide "
-                                                     "(the original Transformer-XL's layout)")
+
+def _model_schema() -> type:
+    """``model``: the network's shape (XLConfig's fields other than the vocabulary and the memory context), each field
+    XLConfig's own (default, bound, help)."""
+    hints = typing.get_type_hints(XLConfig)
+    own = {f.name: f for f in dataclasses.fields(XLConfig)}
+    specs = []
+    for name in MODEL_FIELDS:
+        if name == "cutoffs":
+            specs.append((name, list[int] | None, CUTOFFS))
+        elif name == "tie_projs":
+            specs.append((name, Any, _copied(own[name])))
+        else:
+            specs.append((name, hints[name], _copied(own[name])))
+    cls = dataclasses.make_dataclass("ModelSchema", specs)
+    cls.__doc__, cls.__module__ = _model_schema.__doc__.split(", each field")[0] + ".", __name__
+    return cls
+
+
+def _copied(f: dataclasses.Field) -> dataclasses.Field:
+    return dataclasses.field(default=f.default, metadata=f.metadata)
+
+
+ModelSchema = _model_schema()
 
 
 # ---- data ---------------------------------------------------------------------------------------------------------

@@ -8,44 +8,62 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import OmegaConf
+
 from xl.model import memory_settings
 from xl.model.memory_settings import MemoryConfig, MemoryContext, check_context, check_values
-from xl.settings.bounds import is_int
+from xl.settings.bounds import Bound, between, bound_of, is_int, is_number, optional, setting
 
 if TYPE_CHECKING:
     import torch
 
 
+SIZE = Bound("a positive integer", lambda v: is_int(v) and v >= 1)
+UNIT = between(0, 1, words="")
+STD = Bound("a positive number", lambda v: is_number(v) and v > 0)
+FLAGS = Bound("true, false or a list of them, one per cluster", lambda v: isinstance(v, bool) or (
+    (OmegaConf.is_list(v) or isinstance(v, (list, tuple))) and all(isinstance(t, bool) for t in v)))
+
+
 @dataclass
 class XLConfig:
-    """Model shape and the memory/attention context used when no override is given."""
+    """Model shape and the memory/attention context used when no override is given. Each shape field is declared
+    here once, with its bound and help; the ``model`` group's schema (:class:`xl.config.schema.ModelSchema`) is made
+    from these fields, and :func:`check_model` checks them."""
 
-    vocab_size: int = 256
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 256
-    d_head: int = 64
-    d_inner: int = 1024
-    dropout: float = 0.1
-    dropatt: float = 0.0
-    init_std: float = 0.02  # the normal initialisation's standard deviation (Transformer-XL's 0.02)
+    vocab_size: int = setting(256, bound=SIZE, help="vocabulary size (fitted to the data by the training command)")
+    n_layer: int = setting(4, bound=SIZE, help="layers")
+    n_head: int = setting(4, bound=SIZE, help="attention heads per layer")
+    d_model: int = setting(256, bound=SIZE, help="width; even (sinusoidal positions take pairs)")
+    d_head: int = setting(64, bound=SIZE, help="width of one head")
+    d_inner: int = setting(1024, bound=SIZE, help="feed-forward width")
+    dropout: float = setting(0.1, bound=UNIT, help="dropout of every layer's output")
+    dropatt: float = setting(0.0, bound=UNIT, help="dropout of the attention probabilities")
+    init_std: float = setting(0.02, bound=STD, help="standard deviation of the normal initial weights of the linear "
+                                                    "layers, embeddings and position biases (Transformer-XL's 0.02); "
+                                                    "narrow models learn to bind facts with wider ones, such as 0.07 "
+                                                    "at width 64 (docs/babilong.md)")
     # The memory's context (declared with its bounds and help by MemoryContext, whose defaults these are).
     mem_len: int = MemoryContext.mem_len
     clamp_len: int = MemoryContext.clamp_len
     same_length: bool = MemoryContext.same_length
-    pre_lnorm: bool = False
-    tie_weights: bool = True  # output word vectors = input embedding
+    pre_lnorm: bool = setting(False, help="layer norm before each sub-layer instead of after")
+    tie_weights: bool = setting(True, help="the output word vectors are the input embedding")
     # Adaptive input and softmax (word-level vocabularies, xl.model.adaptive): cluster boundaries in the
     # frequency-sorted vocabulary; () is one plain softmax. Cluster i is d_embed // div_val**i wide (d_embed None:
     # d_model), projected to d_model where its width differs, or always with proj_all (the original Transformer-XL's
     # layout).
     cutoffs: tuple[int, ...] = ()
-    div_val: int = 1
+    div_val: int = setting(1, bound=SIZE, help="cluster i is d_embed // div_val**i wide")
     # With tie_weights, which projections the softmax shares with the embedding: all or none (a bool), or one flag
     # per cluster (the published Transformer-XL models: the first cluster's untied, the others tied).
-    tie_projs: bool | tuple[bool, ...] = True
-    d_embed: int | None = None
-    proj_all: bool = False
+    tie_projs: bool | tuple[bool, ...] = setting(True, bound=FLAGS, help="with tie_weights, the softmax shares the "
+                                                                          "input projections: all, or of the clusters "
+                                                                          "a list marks")
+    d_embed: int | None = setting(None, bound=optional(SIZE), help="the adaptive input's first cluster's width; "
+                                                                    "null: d_model")
+    proj_all: bool = setting(False, help="every cluster projected to d_model, also one already that wide (the "
+                                         "original Transformer-XL's layout)")
     # Storage precision of the memory cache. "float32" never rounds: the cache keeps the layer states' own
     # dtype, float32 under 32-true and the mixed precisions (a rounded cache feeds rounding error into every
     # later segment). "bfloat16"/"float16" round the cached states, halving the cache. (bf16-true computes bf16
@@ -93,18 +111,10 @@ def xlconfig_key(name: str) -> str:
 def check_model(c: Any, key: Callable[[str], str] = xlconfig_key) -> None:
     """Every rule of an :class:`XLConfig` (or anything with its attributes): each field's range, the shape's rules
     between fields and the context's; ``key`` names a field in errors."""
-    for name in ("vocab_size", "n_layer", "n_head", "d_model", "d_head", "d_inner"):
-        value = getattr(c, name)
-        if not is_int(value) or value < 1:
-            raise ValueError(f"{key(name)} must be a positive integer, got {value!r}")
-    for name in ("dropout", "dropatt"):
-        value = getattr(c, name)
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"{key(name)} must be in [0, 1), got {value!r}")
-    if isinstance(c.init_std, bool) or not isinstance(c.init_std, (int, float)) or not c.init_std > 0:
-        raise ValueError(f"{key('init_std')} must be a positive number, got {c.init_std!r}")
-    if not is_int(c.div_val) or c.div_val < 1:
-        raise ValueError(f"{key('div_val')} must be a positive integer, got {c.div_val!r}")
+    for f in fields(XLConfig):
+        bound = bound_of(f)
+        if bound is not None and not bound.allows(getattr(c, f.name)):
+            raise ValueError(f"{key(f.name)} must be {bound.says}, got {getattr(c, f.name)!r}")
     check_values({name: getattr(c, name) for name in CONTEXT_FIELDS}, key)
     check_shape(c, key)
     check_context(c.mem_len, c.same_length, getattr(c, "memory", None), key)
