@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.conftest import CONF_DIR, compose_config
 from tests.helpers.paths import ROOT
@@ -20,7 +21,7 @@ PAPER = [("enwik8_base", 256, 41e6), ("enwik8_large", 256, 277e6), ("text8_large
 
 def test_every_experiment_is_listed():
     listed = {name for name, *_ in PAPER} | {"wt103_large", "enwik8_compressive", "wt103_published", "babilong",
-                                               "babilong_curriculum", "babilong_facts"}
+                                               "babilong_curriculum", "babilong_facts", "babilong_bind"}
     assert {p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")} == listed
 
 
@@ -116,3 +117,13 @@ def test_an_experiment_that_sets_memory_values_says_which_it_keeps_over_a_chosen
     with pytest.warns(UserWarning) as record:
         compose("config", ["experiment=enwik8_base", "memory=none", "memory.mem_len=0"])
     assert "memory.mem_len" not in str(record[0].message), "a value set on the command line is not named"
+
+
+def test_babilong_bind_is_the_measured_command():
+    """experiment=babilong_bind composes to the config of the command whose runs docs/babilong.md reports."""
+    measured = compose_config(
+        "experiment=babilong_facts", "model.d_model=64", "model.d_head=16", "model.d_inner=256", "model.init_std=0.07",
+        "data.batch_size=16", "data.tgt_len=128", "trainer.gradient_clip_val=1.0",
+        "curriculum=[{length:0,train_most_questions:1,steps:6000},{length:0}]", "trainer.max_steps=10000",
+        "trainer.limit_train_batches=1000", "trainer.val_check_interval=1000")
+    assert OmegaConf.to_container(compose_config("experiment=babilong_bind")) == OmegaConf.to_container(measured)
