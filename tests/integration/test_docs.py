@@ -162,12 +162,6 @@ SKIP = {
         "a research training of 35 minutes; the settings' own command above it runs",
     "python train.py experiment=babilong_bind seed=2 logger=csv hydra.run.dir=runs/recipe/bind-2":
         "a research training of 35 minutes; the settings' own command above it runs",
-    "python -m xl.babilong ckpt=runs/recipe/bind-2/checkpoints/step0005000.ckpt tasks=[qa1] lengths=[0] "
-    "samples=200 logger=none":
-        "scores a research training that is skipped",
-    "python -m xl.babilong ckpt=runs/recipe/bind-2/checkpoints/step0007000.ckpt tasks=[qa1] lengths=[0] "
-    "samples=200 logger=none":
-        "scores a research training that is skipped",
     "python -m xl.babilong ckpt=runs/recipe/bind-1 tasks=[qa1] lengths=[0] samples=200 logger=none":
         "scores a research training that is skipped",
     "python -m xl.babilong ckpt=runs/recipe/bind-2 tasks=[qa1] lengths=[0] samples=200 logger=none":
