@@ -166,6 +166,10 @@ SKIP = {
         "scores a research training that is skipped",
     "python -m xl.babilong ckpt=runs/recipe/bind-2 tasks=[qa1] lengths=[0] samples=200 logger=none":
         "scores a research training that is skipped",
+    "python train.py experiment=babilong_bind seed=3 logger=csv hydra.run.dir=runs/recipe/bind-3":
+        "a research training of 35 minutes; the settings' own command above it runs",
+    "python -m xl.babilong ckpt=runs/recipe/bind-3 tasks=[qa1] lengths=[0] samples=200 logger=none":
+        "scores a research training that is skipped",
     "python -m xl.babilong ckpt=runs/recipe/facts-up-to-4 tasks=[qa1] lengths=[0] samples=200 logger=none":
         "scores a research training that is skipped",
     # downloads and accounts
