@@ -34,6 +34,7 @@ from xl.settings.bounds import (
     at_least,
     between,
     check_fields,
+    copied,
     is_int,
     is_number,
     one_of,
@@ -80,21 +81,12 @@ def _model_schema() -> type:
     XLConfig's own (default, bound, help)."""
     hints = typing.get_type_hints(XLConfig)
     own = {f.name: f for f in dataclasses.fields(XLConfig)}
-    specs = []
-    for name in MODEL_FIELDS:
-        if name == "cutoffs":
-            specs.append((name, list[int] | None, CUTOFFS))
-        elif name == "tie_projs":
-            specs.append((name, Any, _copied(own[name])))
-        else:
-            specs.append((name, hints[name], _copied(own[name])))
+    yaml_types = {"cutoffs": list[int] | None, "tie_projs": Any}
+    specs = [(name, yaml_types.get(name, hints[name]), CUTOFFS if name == "cutoffs" else copied(own[name]))
+             for name in MODEL_FIELDS]
     cls = dataclasses.make_dataclass("ModelSchema", specs)
     cls.__doc__, cls.__module__ = _model_schema.__doc__.split(", each field")[0] + ".", __name__
     return cls
-
-
-def _copied(f: dataclasses.Field) -> dataclasses.Field:
-    return dataclasses.field(default=f.default, metadata=f.metadata)
 
 
 ModelSchema = _model_schema()

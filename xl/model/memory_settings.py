@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from xl.settings.bounds import Bound, at_least, bound_of, check_fields, is_int, nullable, one_of, setting
+from xl.settings.bounds import Bound, at_least, bound_of, check_fields, copied, is_int, nullable, one_of, setting
 
 if TYPE_CHECKING:
     from xl.model.config import XLConfig
@@ -96,7 +96,7 @@ def _train_node() -> type:
     specs: list[tuple] = [("_target_", str, setting(DEFAULT_TARGET, help="the variant's config class (its own "
                                                                           "settings follow)"))]
     for f in dataclasses.fields(MemoryContext):
-        specs.append((f.name, hints[f.name], _copy(f)))
+        specs.append((f.name, hints[f.name], copied(f)))
         if f.name in EVALUATED:
             specs.append((f"eval_{f.name}", *override(f.name, f"{f.name} in evaluation; null: {f.name}")))
     cls = dataclasses.make_dataclass("MemorySettings", specs)
@@ -265,15 +265,9 @@ def _settings_class(target: str) -> type:
     clashing = [f.name for f in cls.user_fields() if f.name in SHARED]
     if clashing:
         raise ValueError(f"{target} declares {', '.join(clashing)}, which every memory has already; rename it")
-    specs = [(f.name, shared[f.name], _copy(f)) for f in dataclasses.fields(MemorySettings)]
-    specs += [(f.name, own[f.name], _copy(f)) for f in cls.user_fields()]
+    specs = [(f.name, shared[f.name], copied(f)) for f in dataclasses.fields(MemorySettings)]
+    specs += [(f.name, own[f.name], copied(f)) for f in cls.user_fields()]
     return dataclasses.make_dataclass(f"{cls.__name__}Settings", specs)
-
-
-def _copy(f: dataclasses.Field) -> dataclasses.Field:
-    if f.default_factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=f.default_factory, metadata=f.metadata)
-    return dataclasses.field(default=f.default, metadata=f.metadata)
 
 
 #: The ``memory`` group's schema: the shared context of :class:`MemoryContext` with the variant's ``_target_``.

@@ -45,6 +45,14 @@ def setting(default: Any = dataclasses.MISSING, *, bound: Bound | None = None, h
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def copied(f: dataclasses.Field) -> dataclasses.Field:
+    """A new field with ``f``'s default (or factory) and metadata (bound, help): a setting declared once, reused in
+    a dataclass made from it."""
+    if f.default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=f.default_factory, metadata=f.metadata)
+    return dataclasses.field(default=f.default, metadata=f.metadata)
+
+
 def bound_of(field: dataclasses.Field) -> Bound | None:
     return field.metadata.get("bound")
 
