@@ -68,8 +68,8 @@ class DilatedMemory(Memory):
     def context(self, state: list[Tensor]) -> Context:
         n = self.config.n_layer
         far = state[0].size(1)
-        return Context([[f, m] for f, m in zip(state[:n], state[n:], strict=True)], far + state[n].size(1), far,
-                       self.stride)
+        return Context([[f, m] for f, m in zip(state[:n], state[n:], strict=True)], far + state[n].size(1),
+                       ((far, self.stride),))
 
     def size(self, mem_len: int, seg_len: int | None = None) -> Size:
         per_layer = self.far_len + mem_len + (self.stride - 1 if seg_len is not None and seg_len % self.stride else 0)

@@ -107,8 +107,8 @@ class CompressiveMemory(Memory):
     def context(self, state: list[Tensor]) -> Context:
         n = self.config.n_layer
         slots = state[0].size(1)
-        return Context([[c, m] for c, m in zip(state[:n], state[n:], strict=True)], slots + state[n].size(1), slots,
-                       self.rate)
+        return Context([[c, m] for c, m in zip(state[:n], state[n:], strict=True)], slots + state[n].size(1),
+                       ((slots, self.rate),))
 
     def size(self, mem_len: int, seg_len: int | None = None) -> Size:
         """Slots and states of every layer once both are full: states leave in whole groups, so after segments whose

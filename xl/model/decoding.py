@@ -161,7 +161,7 @@ class IncrementalDecoder(Decoder):
             v_buf[:, :, :v.size(2)] = v
         self.prefilled(mems)
         context = self.model.memory.context(mems)
-        self.lo, self.start, self.end = 0, context.slots, context.length
+        self.lo, self.start, self.end = 0, context.spanning, context.length
         for n, h_buf in enumerate(self.h_buf):  # a layer's single states are the last of its pieces
             h_buf[:, self.start:self.end] = context.pieces[n][-1]
         # The window may keep fewer states than the forward's memory (same_length counts the token itself).
@@ -207,7 +207,7 @@ class IncrementalDecoder(Decoder):
         earliest = self.start - self.slots * self.rate  # where the oldest visible key begins
         if not (self.doc_start > earliest).any():
             return None
-        begins = self.end + key_offsets(self.end - self.lo, 1, device, self.slots, self.rate)  # buffer indices
+        begins = self.end + key_offsets(self.end - self.lo, 1, device, ((self.slots, self.rate),))  # buffer indices
         return begins < torch.from_numpy(self.doc_start).to(device)[:, None]
 
     def _leave(self, gone: int) -> None:

@@ -90,32 +90,36 @@ def stream_positions(doc_starts: np.ndarray | None, flat: np.ndarray) -> np.ndar
     return flat - np.where(latest >= 0, doc_starts[np.maximum(latest, 0)], 0)
 
 
-def key_offsets(m_len: int, q_len: int, device: torch.device, compressed: int = 0, rate: int = 1) -> Tensor:
-    """Per key of the [memory ∘ segment] context (``m_len`` memory keys, the first ``compressed`` of them
-    compressed slots), the offset from the segment's first token of the oldest position it holds: -m_len … -1
-    for a memory of single states, 0 … L-1 for the segment. The k-th compressed slot from the newest (k = 1 … C)
-    summarises ``rate`` positions and begins k·rate positions before the first memory state (the compressive memory
-    compresses whole groups only, :mod:`xl.memory.compressive`)."""
+def key_offsets(m_len: int, q_len: int, device: torch.device, spans: tuple[tuple[int, int], ...] = ()) -> Tensor:
+    """Per key of the [memory ∘ segment] context (``m_len`` memory keys), the offset from the segment's first token
+    of the oldest position it holds: -m_len … -1 for a memory of single states, 0 … L-1 for the segment. The first
+    memory keys may each stand for several positions (``spans``: runs ``(keys, positions per key)``, oldest first,
+    as :class:`xl.model.memory.Context` gives them): a run's k-th key from its newest begins k·width positions before
+    what follows the run (the compressive memory's slots each summarise a whole group of ``cmem_rate`` states)."""
     offsets = torch.arange(-m_len, q_len, device=device)
-    if compressed:
-        states = m_len - compressed  # single states between the slots and the segment
-        offsets[:compressed] = -states - rate * torch.arange(compressed, 0, -1, device=device)
+    begin = m_len - sum(keys for keys, _ in spans)  # the single states: offsets -begin … -1
+    end = begin
+    for keys, width in reversed(spans):  # newest run first
+        first = m_len - end - keys  # the run's keys' indices: first … first+keys-1
+        offsets[first:first + keys] = -begin - width * torch.arange(keys, 0, -1, device=device)
+        begin, end = begin + keys * width, end + keys
     return offsets
 
 
-def document_mask(mask: Tensor, pos: Tensor, m_len: int, compressed: int = 0, rate: int = 1) -> Tensor:
+def document_mask(mask: Tensor, pos: Tensor, m_len: int, spans: tuple[tuple[int, int], ...] = ()) -> Tensor:
     """The additive mask [B, 1, L, M+L] (broadcast over heads): ``mask`` [L, M+L] with every key that begins
-    before its query's document start also hidden (:func:`key_offsets`: a compressed slot is seen only if all it
-    summarises lies in the query's document). A query always keeps itself (its document begins at or before it)."""
+    before its query's document start also hidden (:func:`key_offsets`: a key that stands for several positions is
+    seen only if all of them lie in the query's document). A query always keeps itself (its document begins at or
+    before it)."""
     q_len = mask.size(0)
     first = torch.arange(q_len, device=pos.device) - pos  # offset of each query's document start, [B, L]
-    hidden = key_offsets(m_len, q_len, pos.device, compressed, rate) < first[..., None]  # [B, L, K]
+    hidden = key_offsets(m_len, q_len, pos.device, spans) < first[..., None]  # [B, L, K]
     return torch.where(hidden, float("-inf"), mask)[:, None]
 
 
 def needs_mask(documents: Documents | None, reach: int) -> bool:
-    """Whether any key of a context that reaches ``reach`` positions before the segment (the memory's length; a
-    compressed slot counts its rate) lies in another document than some query's."""
+    """Whether any key of a context that reaches ``reach`` positions before the segment (the memory's length; a key
+    that stands for several positions counts them) lies in another document than some query's."""
     return documents is not None and reach + documents.latest_start > 0
 
 

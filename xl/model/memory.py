@@ -53,14 +53,14 @@ class Context:
     """What each layer of one segment attends over before the segment.
 
     ``pieces[n]``: layer n's memory tensors [B, ·, d], oldest first, attended as one sequence of ``length`` keys;
-    the first ``slots`` of them are compressed slots, each summarising ``rate`` positions (what a document boundary
-    hides is counted from that: :func:`xl.model.documents.key_offsets`).
+    ``spans``: the first keys that each stand for more than one position (a summary of several states), as runs
+    ``(keys, positions per key)``, oldest first; the keys after them hold one position each, and () means all do.
+    What a document boundary hides is counted from them (:func:`xl.model.documents.key_offsets`).
     """
 
     pieces: list[list[Tensor]]
     length: int
-    slots: int = 0
-    rate: int = 1
+    spans: tuple[tuple[int, int], ...] = ()
     #: Per layer, None or the memory's extension of that layer's attention: a function ``(queries, local,
     #: documents) -> heads`` of the content queries before Transformer-XL's biases and the local attention's heads
     #: (all [B, H, L, D]) and the segment's :class:`~xl.model.documents.Documents` (None: one text per row, or a
@@ -69,8 +69,13 @@ class Context:
 
     @property
     def reach(self) -> int:
-        """How many positions before the segment the keys cover (a slot counts its rate)."""
-        return self.length + self.slots * (self.rate - 1)
+        """How many positions before the segment the keys cover (a key of ``spans`` counts its positions)."""
+        return self.length + sum(keys * (width - 1) for keys, width in self.spans)
+
+    @property
+    def spanning(self) -> int:
+        """How many of the first keys stand for more than one position (those of ``spans``)."""
+        return sum(keys for keys, _ in self.spans)
 
 
 @dataclass
@@ -177,10 +182,10 @@ def segment_positions(memory: Memory, seg_len: int) -> int:
 
 def document_mask_of(mask: Tensor, documents: Documents | None, context: Context) -> Tensor:
     """The causal mask [L, M+L] with the keys of another document than a query's hidden (per row: [B, 1, L, M+L];
-    a compressed slot unless all it summarises is in the query's document): the mask of a memory that adds no
-    positions."""
+    a key that stands for several positions unless all of them are in the query's document): the mask of a memory
+    that adds no positions."""
     if needs_mask(documents, context.reach):
-        return document_mask(mask, documents.pos, context.length, context.slots, context.rate)
+        return document_mask(mask, documents.pos, context.length, context.spans)
     return mask
 
 

@@ -496,3 +496,20 @@ def test_vanilla_windows_stop_at_document_starts():
         plain = vanilla_nll(model, context, x, y, 64, -1)
     torch.testing.assert_close(got, F.cross_entropy(full.flatten(0, 1), y.flatten(), reduction="sum").float())
     assert not torch.equal(got, plain)
+
+
+@pytest.mark.parametrize("spans", [(), ((3, 2),), ((2, 4), (3, 2)), ((1, 5), (2, 1), (2, 3))])
+def test_key_offsets_of_keys_that_stand_for_several_positions_match_a_slow_reference(spans):
+    """Each key's offset is where the oldest position it stands for lies, counted back from the segment: the keys
+    written out one by one, newest first, each taking its own width of positions."""
+    from xl.model.documents import key_offsets
+
+    singles, q_len = 4, 3
+    widths = [width for keys, width in spans for _ in range(keys)] + [1] * singles  # oldest key first
+    expected, begin = [], 0
+    for width in reversed(widths):
+        begin += width
+        expected.insert(0, -begin)
+    expected += list(range(q_len))
+    got = key_offsets(len(widths), q_len, torch.device("cpu"), spans)
+    assert got.tolist() == expected
