@@ -153,7 +153,7 @@ class Evaluator(XLLitModule):
             pos = torch.cat([pos_history, documents.pos], dim=1)
         loss = None
         if scored:
-            clamp_len = self.eval_context["clamp_len"]
+            clamp_len = self.eval_context.clamp_len
             loss = vanilla_nll(self.model, history, x, y, self.attn_len, clamp_len, pos) / y.numel()
         keep = max(0, history.size(1) + x.size(1) - self.attn_len + 1)
         self.history = torch.cat([history, x], dim=1)[:, keep:]
@@ -191,10 +191,11 @@ class Evaluator(XLLitModule):
 
 
 def eval_context(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
-    """Each of mem_len/clamp_len/same_length: memory.eval_X, else memory.X, else the checkpoint's evaluation value."""
-    return memory_settings.evaluation_context(memory_settings.eval_overrides(cfg.memory), cfg.memory,
-                                              memory_settings.eval_overrides(checkpoint.hyper_parameters),
-                                              checkpoint.model_config)
+    """The overrides of the checkpoint's evaluation context: each of mem_len/clamp_len/same_length from
+    memory.eval_X, else memory.X, else the checkpoint's evaluation value, else its trained value."""
+    return memory_settings.MemoryContext.of(memory_settings.eval_overrides(cfg.memory), cfg.memory,
+                                            memory_settings.eval_overrides(checkpoint.hyper_parameters),
+                                            checkpoint.model_config).attention()
 
 
 def eval_model_config(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:

@@ -64,8 +64,8 @@ def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str,
     last token of a training segment did: its training segment length, itself included.
     """
     saved = checkpoint.model_config
-    resolved = memory_settings.evaluation_context(cfg, saved)
-    clamp_len, same_length = resolved["clamp_len"], resolved["same_length"]
+    resolved = memory_settings.MemoryContext.of(cfg, saved)
+    clamp_len, same_length = resolved.clamp_len, resolved.same_length
     if cfg.mem_len is not None:
         window, source = cfg.mem_len, "mem_len"
     elif saved["mem_len"] > 0 or not memory_settings.variant(saved.get("memory")).reads_afresh:  # memory tokens alone

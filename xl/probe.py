@@ -233,7 +233,7 @@ def run_probe(mem_lens: Sequence[int], distances: Sequence[int], steps: int, out
             sys.exit(f"error: {err or 'stopped by a signal'}; the probe's runs are in {out_dir}")
         model, val_rows = (run.module.model, np.asarray(run.datamodule.val_dataloader().rows)) if not score else \
             scoring(run.module.model, memory, scored_cfg)
-        context = memory_settings.evaluation_context(memory_settings.eval_overrides(cfg.memory), cfg.memory)
+        context = memory_settings.evaluation(cfg.memory).attention()
         counts = recall_accuracy(model, val_rows, cfg.data.tgt_len, **context)  # the run's evaluation context
         rows[index].counts.append(dict(sorted(counts.items())))
         print(f"mem_len={mem_len} seed={cfg.seed}: trained and scored in {time.time() - start:.0f} s", flush=True)

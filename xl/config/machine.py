@@ -14,7 +14,7 @@ from xl.config.rules import ConfigError, model_values, vocabulary_bound
 from xl.device import cpu
 from xl.device.headroom import NAMES, SETTINGS, GiB, verdict
 from xl.model.config import XLConfig
-from xl.model.memory_settings import eval_overrides, evaluation_context
+from xl.model.memory_settings import evaluation
 from xl.settings.bounds import is_int
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def run_estimate(cfg: Any, vocab_size: int | None = None) -> tuple[RunFootprint,
     data, memory = cfg.data, cfg.memory
     config = XLConfig.from_dict(model_values(cfg, vocab_size or vocabulary_bound(cfg)))
     eval_batch = data.batch_size if data.eval_batch_size is None else data.eval_batch_size
-    eval_mem_len = evaluation_context(eval_overrides(memory), memory)["mem_len"]
+    eval_mem_len = evaluation(memory).mem_len
     precision = str(cfg.trainer.precision)
     footprint = run_footprint(config, batch_size=data.batch_size, tgt_len=data.tgt_len, eval_batch_size=eval_batch,
                               eval_mem_len=eval_mem_len, precision=precision if precision in PRECISION_BYTES

@@ -11,7 +11,7 @@ curriculum's stages, a searching sweeper's objective). :mod:`xl.config.machine` 
 model's rules live with the model (:mod:`xl.model.config`), which applies them all to every
 :class:`~xl.model.config.XLConfig` when it is made, so a Python user gets the same sentences; here the schema bounds
 each field alone, and the model's rules between fields (:func:`~xl.model.config.check_shape`) and of the context
-(:func:`~xl.model.memory_settings.check_context`, in training and in evaluation) run once on a composed config's
+(:meth:`~xl.model.memory_settings.MemoryContext.check`, in training and in evaluation) run once on a composed config's
 values, named as the user writes them.
 """
 
@@ -31,7 +31,6 @@ from xl.config.schedule import check_schedule
 from xl.data.tokenizers import make_tokenizer
 from xl.model import memory_settings
 from xl.model.config import CONTEXT_FIELDS, check_shape
-from xl.model.memory_settings import check_context
 from xl.settings.bounds import schema_bounds, shown
 
 log = logging.getLogger(__name__)
@@ -178,18 +177,16 @@ def check_added_keys(cfg: DictConfig) -> None:
 
 
 def check_memory(cfg: DictConfig) -> None:
-    """The memory's context in training and in evaluation (:func:`xl.model.memory_settings.check_context`:
-    same_length needs a memory and a variant that allows it), then the variant's own rules against it
-    (:class:`xl.model.memory_settings.MemoryConfig`)."""
+    """The memory's context in training and in evaluation (:meth:`xl.model.memory_settings.MemoryContext.check`:
+    same_length needs a memory, and the variant's rules against the context), then the lengths the variant must
+    divide up (:class:`xl.model.memory_settings.MemoryConfig`)."""
     memory = cfg.memory
     lengths = {key: OmegaConf.select(cfg, key) for key in ("data.tgt_len", "data.eval_tgt_len", "memory.mem_len",
                                                           "memory.eval_mem_len")}
     try:
         variant = memory_settings.variant(memory, cfg)
-        check_context(memory.mem_len, memory.same_length, variant, config_key)
-        evaluated = memory_settings.evaluation_context(memory_settings.eval_overrides(memory), memory)
-        check_context(evaluated["mem_len"], evaluated["same_length"], variant, eval_key)
-        variant.check_window(memory.grad_segments, memory.mem_len)
+        trained = memory_settings.MemoryContext.of(memory).check(variant, config_key)
+        trained.evaluated(memory_settings.eval_overrides(memory)).check(variant, eval_key)
         variant.check_lengths({key: length for key, length in lengths.items() if length is not None})
     except ValueError as err:
         raise ConfigError(str(err)) from None

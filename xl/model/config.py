@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 
 from xl.model import memory_settings
-from xl.model.memory_settings import MemoryConfig, MemoryContext, check_context, check_values
+from xl.model.memory_settings import MemoryConfig, MemoryContext
 from xl.settings.bounds import Bound, between, bound_of, is_int, is_number, optional, setting
 
 if TYPE_CHECKING:
@@ -87,6 +87,11 @@ class XLConfig:
 
         return compute_dtype if self.mem_dtype == "float32" else getattr(torch, self.mem_dtype)
 
+    def context(self, **module: Any) -> MemoryContext:
+        """The model's memory context (unchecked: a config checks it when made), with the fields the training module
+        holds (``doc_boundaries``, ``grad_segments``) where given."""
+        return MemoryContext(**{name: getattr(self, name) for name in CONTEXT_FIELDS}, **module)
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "memory": self.memory.to_dict()}
 
@@ -115,9 +120,8 @@ def check_model(c: Any, key: Callable[[str], str] = xlconfig_key) -> None:
         bound = bound_of(f)
         if bound is not None and not bound.allows(getattr(c, f.name)):
             raise ValueError(f"{key(f.name)} must be {bound.says}, got {getattr(c, f.name)!r}")
-    check_values({name: getattr(c, name) for name in CONTEXT_FIELDS}, key)
     check_shape(c, key)
-    check_context(c.mem_len, c.same_length, getattr(c, "memory", None), key)
+    MemoryContext(**{name: getattr(c, name) for name in CONTEXT_FIELDS}).check(getattr(c, "memory", None), key)
 
 
 def check_shape(c: Any, key: Callable[[str], str] = xlconfig_key, fitted: bool = False) -> None:

@@ -5,9 +5,8 @@ Each field of the context is declared once, in :class:`MemoryContext`, with its 
 or override it are made from those fields: the ``memory`` group's schema (:data:`MemorySettings`, with an ``eval_X``
 for each field evaluation may change, :data:`EVALUATED`), the ``memory`` node of the ``xl.evaluate`` command and the
 decoder's context of the ``xl.generate`` and ``xl.babilong`` commands (:func:`overrides`). The model's
-:class:`~xl.model.config.XLConfig` takes the context's defaults. :func:`evaluation_context` resolves the context an
-evaluation uses from the trained one and its overrides; :func:`check_values` and :func:`check_context` are the
-context's rules.
+:class:`~xl.model.config.XLConfig` takes the context's defaults. An instance is one resolved context, training's or
+evaluation's (:meth:`MemoryContext.evaluated`), and :meth:`MemoryContext.check` holds the context's rules.
 
 The ``memory`` group of ``conf/`` is one flat node: the shared context (``mem_len``, ``eval_mem_len``, ...,
 ``grad_segments``), ``_target_`` naming the variant's config class, and that class's own fields::
@@ -33,7 +32,7 @@ import dataclasses
 import functools
 import importlib
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -50,12 +49,16 @@ COUNT = at_least(0)
 CLAMP = Bound("-1 (no clamping) or a positive integer", lambda v: v == -1 or (is_int(v) and v > 0))
 
 
-@dataclass
+@dataclass(frozen=True)
 class MemoryContext:
     """The context every memory shares: what a segment attends over, how the memory is stored, where documents and
     gradients stop. Each field is declared here once, with its bound and help; the ``memory`` group's schema
     (:data:`MemorySettings`) and the overrides of the ``xl.evaluate`` and ``xl.generate`` commands are made from
-    these fields (:func:`override`), and :func:`evaluation_context` resolves the context an evaluation uses."""
+    these fields (:func:`override`).
+
+    An instance is one resolved context: training's (:meth:`xl.model.config.XLConfig.context`, or :meth:`of` a
+    composed ``memory`` node) and evaluation's, a second instance made from it with the evaluation's overrides
+    (:meth:`evaluated`). :meth:`check` holds the context's rules; each context is checked where it is made."""
 
     mem_len: int = setting(128, bound=COUNT, help="positions of memory per layer; 0: none")
     clamp_len: int = setting(-1, bound=CLAMP, help="-1: off; else distances beyond it share one embedding")
@@ -67,9 +70,55 @@ class MemoryContext:
     grad_segments: int = setting(1, bound=at_least(1), help="k: gradients cross segments inside windows of k "
                                                              "(1: Transformer-XL's stop-gradient)")
 
+    @classmethod
+    def of(cls, *layers: Any) -> MemoryContext:
+        """The context whose each field comes from the first of ``layers`` that sets it (not None), else its default.
+        A layer is a mapping or a config (a ``memory`` node, an :class:`~xl.model.config.XLConfig`, a context)."""
+        values = {}
+        for name in CONTEXT_NAMES:
+            for layer in layers:
+                value = _get(layer, name)
+                if value is not None:
+                    values[name] = value
+                    break
+        return cls(**values)
+
+    def evaluated(self, overrides: Any) -> MemoryContext:
+        """The context an evaluation uses: each field of :data:`EVALUATED` from ``overrides`` where it sets it (a
+        mapping or config; :func:`eval_overrides` reads a training config's ``memory.eval_X``), the others this
+        context's; evaluation keeps no gradient across segments (``grad_segments`` 1)."""
+        return MemoryContext.of({name: _get(overrides, name) for name in EVALUATED}, {"grad_segments": 1}, self)
+
+    def attention(self) -> dict[str, Any]:
+        """What the forward pass and the decoder take of it: ``mem_len``, ``clamp_len``, ``same_length``."""
+        return {name: getattr(self, name) for name in EVALUATED}
+
+    def check(self, memory: MemoryConfig | None = None, key: Callable[[str], str] = str) -> MemoryContext:
+        """The context's rules, returning it: each field within the bound declared beside it; same_length needs a
+        memory (the attention window is mem_len keys wide); with the ``memory`` variant, its rules against the
+        context (:meth:`MemoryConfig.check_context`, :meth:`MemoryConfig.check_window`). ValueError in one sentence
+        naming ``key(field)``."""
+        for f in dataclasses.fields(self):
+            bound, value = bound_of(f), getattr(self, f.name)
+            if bound is not None and not bound.allows(value):
+                raise ValueError(f"{key(f.name)} must be {bound.says}, got {value!r}")
+        if self.same_length and self.mem_len == 0:
+            raise ValueError(f"{key('same_length')}=True needs mem_len > 0 (the window is {key('mem_len')} keys "
+                             f"wide); set {key('mem_len')} or {key('same_length')}=false")
+        if memory is not None:
+            memory.check_context(self.same_length)
+            memory.check_window(self.grad_segments, self.mem_len)
+        return self
+
 
 #: The fields of the context an evaluation may give other values than training's (``memory.eval_X``).
 EVALUATED = ("mem_len", "clamp_len", "same_length")
+CONTEXT_NAMES = tuple(f.name for f in dataclasses.fields(MemoryContext))
+
+
+def evaluation(memory: Any) -> MemoryContext:
+    """The evaluation context of a training config's ``memory`` node: its context with its ``eval_X``."""
+    return MemoryContext.of(memory).evaluated(eval_overrides(memory))
 
 
 def override(name: str, help: str) -> tuple[Any, dataclasses.Field]:
@@ -104,23 +153,6 @@ def _train_node() -> type:
     return cls
 
 
-def evaluation_context(*layers: Any) -> dict[str, Any]:
-    """The context an evaluation uses: each field of :data:`EVALUATED` from the first of ``layers`` that sets it (not
-    null): the overrides first, the trained context (which sets them all) last. A layer is a mapping or a config
-    (``DictConfig``, :class:`xl.model.config.XLConfig`); :func:`eval_overrides` reads a training config's
-    ``memory.eval_X``."""
-    context = {}
-    for name in EVALUATED:
-        for layer in layers:
-            value = _get(layer, name)
-            if value is not None:
-                context[name] = value
-                break
-        else:
-            raise AssertionError(f"no layer sets {name}: the last one must be a trained context")
-    return context
-
-
 def eval_overrides(values: Any) -> dict[str, Any]:
     """The ``eval_X`` of ``values`` (a ``memory`` node, a module's hyper-parameters) as the overrides of ``X``."""
     return {name: _get(values, f"eval_{name}") for name in EVALUATED}
@@ -128,28 +160,6 @@ def eval_overrides(values: Any) -> dict[str, Any]:
 
 def _get(layer: Any, name: str) -> Any:
     return layer.get(name) if hasattr(layer, "get") else getattr(layer, name, None)
-
-
-# ---- the context's rules -------------------------------------------------------------------------------------------
-def check_values(values: Mapping[str, Any], key: Callable[[str], str] = str) -> None:
-    """Each of ``values`` (fields of :class:`MemoryContext` given outside a composed config, whose schema bounds them:
-    an :class:`~xl.model.config.XLConfig`, an evaluation's overrides, a decoder's context) within the bound declared
-    beside it; ValueError in one sentence naming ``key(name)``."""
-    for f in dataclasses.fields(MemoryContext):
-        bound = bound_of(f)
-        if f.name in values and bound is not None and not bound.allows(values[f.name]):
-            raise ValueError(f"{key(f.name)} must be {bound.says}, got {values[f.name]!r}")
-
-
-def check_context(mem_len: int, same_length: bool, memory: MemoryConfig | None = None,
-                  key: Callable[[str], str] = str) -> None:
-    """same_length needs a memory (the attention window is mem_len keys wide) and a ``memory`` variant that allows it:
-    the rule between the context's fields, of a model's context and of an evaluation's."""
-    if same_length and mem_len == 0:
-        raise ValueError(f"{key('same_length')}=True needs mem_len > 0 (the window is {key('mem_len')} keys wide); "
-                         f"set {key('mem_len')} or {key('same_length')}=false")
-    if memory is not None:
-        memory.check_context(same_length)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from xl.model.documents import Documents
 from xl.model.dropout import Dropout
 from xl.model.layers import XLLayer
 from xl.model.memory import Segment, document_mask_of, segment_positions
-from xl.model.memory_settings import check_context, check_values, evaluation_context
+from xl.model.memory_settings import MemoryContext
 from xl.model.positions import attention_mask, sinusoid
 
 if TYPE_CHECKING:
@@ -135,14 +135,11 @@ class TransformerXL(nn.Module):
         decoder fills as states leave the window (:mod:`xl.model.decoding` says how). The model is put in evaluation
         mode; build a new decoder after changing the weights.
         """
-        context = evaluation_context({"mem_len": window, "clamp_len": clamp_len, "same_length": same_length},
-                                     self.config)
-        window, clamp_len, same_length = context["mem_len"], context["clamp_len"], context["same_length"]
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        check_values(context)  # the decoders trust what is checked here
-        check_context(window, same_length, self.memory.settings, key=str)
-        return self.memory.decoder(self, batch_size, window, clamp_len, same_length)
+        context = MemoryContext.of({"mem_len": window, "clamp_len": clamp_len, "same_length": same_length},
+                                   self.config).check(self.memory.settings)  # the decoders trust it
+        return self.memory.decoder(self, batch_size, context.mem_len, context.clamp_len, context.same_length)
 
     @property
     def device(self) -> torch.device:
@@ -212,13 +209,13 @@ class TransformerXL(nn.Module):
         reconstruction loss, which trains its compressor).
         """
         cfg, memory = self.config, self.memory
-        context = evaluation_context({"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length}, cfg)
-        mem_len, clamp_len, same_length = context["mem_len"], context["clamp_len"], context["same_length"]
+        context = MemoryContext.of({"mem_len": mem_len, "clamp_len": clamp_len, "same_length": same_length}, cfg)
+        mem_len, clamp_len, same_length = context.mem_len, context.clamp_len, context.same_length
         assert mem_len >= 0 and (clamp_len == -1 or clamp_len > 0), "lengths are checked where they are set"
         # What a caller asks of the memory that its variant may refuse: same_length, and (detach_memory=False) the
         # next segment's gradient reaching this one, a window of two segments.
         if same_length and (mem_len != cfg.mem_len or not cfg.same_length):  # a context XLConfig did not check
-            check_context(mem_len, same_length, memory.settings, key=str)
+            context.check(memory.settings)
         if not detach_memory:
             memory.settings.check_window(2, mem_len)
         B = input_ids.size(0)

@@ -40,12 +40,12 @@ def describe(module: Any, path: str, step: int, datamodule: Any, corpus: dict[st
     (``segments``: where the segment length and the batch come from)."""
     c = module.eval_context
     mode = (f"vanilla (no cache), attn_len={module.attn_len}" if module.attn_len else
-            f"mem_len={c['mem_len']} same_length={c['same_length']}") + f" doc_boundaries={module.doc_boundaries}"
-    filled = min(c["mem_len"], module.warmup * datamodule.eval_tgt_len)
+            f"mem_len={c.mem_len} same_length={c.same_length}") + f" doc_boundaries={module.doc_boundaries}"
+    filled = min(c.mem_len, module.warmup * datamodule.eval_tgt_len)
     scored = "; ".join(corpus.values())
     return (f"checkpoint {path} (step {step}, trained with mem_len={module.config.mem_len})\n"
             f"  scored: {scored} ({note})\n"
-            f"  {mode} tgt_len={datamodule.eval_tgt_len} clamp_len={c['clamp_len']} "
+            f"  {mode} tgt_len={datamodule.eval_tgt_len} clamp_len={c.clamp_len} "
             f"batch={datamodule.eval_batch_size} ({segments}) warmup={module.warmup} segments"
             + (f" (memory >= {filled} tokens when scoring)" if module.warmup and not module.attn_len else ""))
 
@@ -89,13 +89,13 @@ def record(module: Any, datamodule: Any, results: dict[str, dict[str, float]], c
     dtype = next(module.parameters()).dtype
     values: dict[str, Any] = {
         "ckpt": checkpoint["path"], "step": checkpoint["step"], "run": checkpoint["run"], "corpus": corpus,
-        "run_data": run_data, "complete": complete, "mem_len": cfg.mem_len, "eval_mem_len": c["mem_len"],
-        "clamp_len": c["clamp_len"], "same_length": c["same_length"], "memory": memory_settings.describe(cfg.memory),
+        "run_data": run_data, "complete": complete, "mem_len": cfg.mem_len, "eval_mem_len": c.mem_len,
+        "clamp_len": c.clamp_len, "same_length": c.same_length, "memory": memory_settings.describe(cfg.memory),
         "doc_boundaries": module.doc_boundaries, "scored": getattr(datamodule, "scored", "every token"),
         "warmup": module.warmup, "vanilla": module.attn_len is not None,
         "attn_len": module.attn_len, "tgt_len": datamodule.eval_tgt_len, "batch_size": datamodule.eval_batch_size,
         "unit": module.quality_name, "params": sum(p.numel() for p in module.model.parameters()),
-        "cache_mb": memory_bytes(cfg, c["mem_len"], datamodule.eval_batch_size, dtype, datamodule.eval_tgt_len) / 2**20,
+        "cache_mb": memory_bytes(cfg, c.mem_len, datamodule.eval_batch_size, dtype, datamodule.eval_tgt_len) / 2**20,
     }
     for metrics in results.values():
         values.update({k: float(v) for k, v in metrics.items()})

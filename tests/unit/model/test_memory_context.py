@@ -1,5 +1,6 @@
 """The memory's context: each field declared once (MemoryContext), the schemas that set or override it made from those
-fields, and one function resolving the context an evaluation uses."""
+fields; an instance is one resolved context, evaluation's made from training's with its overrides, and one method
+holds the context's rules."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from xl.model.memory_settings import (
     MemoryContext,
     MemorySettings,
     eval_overrides,
-    evaluation_context,
+    evaluation,
 )
 from xl.settings.bounds import bound_of, help_of, nullable, one_of
 
@@ -72,9 +73,10 @@ def test_nullable_words():
 
 
 def reference(layers: list[dict]) -> dict:
-    """The first layer that sets each field, written out."""
+    """The first layer that sets each field, written out; a field none sets keeps its declared default."""
     out = {}
-    for name in EVALUATED:
+    for name in CONTEXT:
+        out[name] = getattr(MemoryContext(), name)
         for layer in layers:
             if layer.get(name) is not None:
                 out[name] = layer[name]
@@ -82,22 +84,43 @@ def reference(layers: list[dict]) -> dict:
     return out
 
 
-def test_evaluation_context_takes_each_field_from_the_first_layer_that_sets_it():
+def test_a_context_takes_each_field_from_the_first_layer_that_sets_it():
     trained = {"mem_len": 16, "clamp_len": -1, "same_length": False}
     choices = {"mem_len": [None, 0, 32], "clamp_len": [None, 4], "same_length": [None, True, False]}
     for first, second in itertools.product(itertools.product(*choices.values()), repeat=2):
         layers = [dict(zip(choices, first, strict=True)), dict(zip(choices, second, strict=True)), trained]
-        assert evaluation_context(*layers) == reference(layers)
+        assert dataclasses.asdict(MemoryContext.of(*layers)) == reference(layers)
         # a DictConfig and an XLConfig are layers too
         as_configs = [OmegaConf.create(layers[0]), layers[1], XLConfig(**trained)]
-        assert evaluation_context(*as_configs) == reference(layers)
+        assert dataclasses.asdict(MemoryContext.of(*as_configs)) == reference(layers)
 
 
-def test_eval_overrides_read_a_training_configs_eval_keys():
-    memory = OmegaConf.structured(MemorySettings(mem_len=8, eval_mem_len=24, eval_same_length=True))
+def test_evaluation_is_a_second_context_made_from_trainings_with_its_overrides():
+    memory = OmegaConf.structured(MemorySettings(mem_len=8, eval_mem_len=24, eval_same_length=True, grad_segments=2,
+                                                 mem_dtype="bfloat16", doc_boundaries="ignore"))
     assert eval_overrides(memory) == {"mem_len": 24, "clamp_len": None, "same_length": True}
-    assert evaluation_context(eval_overrides(memory), memory) == {"mem_len": 24, "clamp_len": -1,
-                                                                  "same_length": True}
+    trained = MemoryContext.of(memory)
+    assert trained == MemoryContext(mem_len=8, mem_dtype="bfloat16", doc_boundaries="ignore", grad_segments=2)
+    evaluated = evaluation(memory)
+    # the evaluated fields overridden, the rest training's, and no gradient across segments
+    assert evaluated == MemoryContext(mem_len=24, same_length=True, mem_dtype="bfloat16", doc_boundaries="ignore")
+    assert evaluated.attention() == {"mem_len": 24, "clamp_len": -1, "same_length": True}
+    assert trained.evaluated({}) == dataclasses.replace(trained, grad_segments=1)
+
+
+def test_the_contexts_rules_are_one_method_naming_the_setting():
+    from xl.memory.compressive import CompressiveConfig
+
+    with pytest.raises(ValueError, match=r"^memory\.same_length=True needs mem_len > 0"):
+        MemoryContext(mem_len=0, same_length=True).check(key=lambda n: f"memory.{n}")
+    with pytest.raises(ValueError, match=r"^mem_len must be an integer >= 0, got -1$"):
+        MemoryContext(mem_len=-1).check()
+    with pytest.raises(ValueError, match="same_length"):  # the variant's rule against the context
+        MemoryContext(same_length=True).check(CompressiveConfig())
+    with pytest.raises(ValueError, match=r"^memory\.grad_segments=2 needs memory\.mem_len > 0"):
+        MemoryContext(mem_len=0, grad_segments=2).check(XLConfig().memory)
+    context = MemoryContext(mem_len=4, same_length=True)
+    assert context.check(XLConfig().memory) is context
 
 
 def test_a_context_outside_a_config_is_refused_by_the_declared_bound():

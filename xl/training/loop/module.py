@@ -31,11 +31,6 @@ from xl.device.footprint import memory_bytes
 from xl.memory.store import MemoryStore, packed_size
 from xl.model.config import XLConfig
 from xl.model.documents import Documents, split_batch, target_bytes
-from xl.model.memory_settings import (
-    check_context,
-    check_values,
-    evaluation_context,
-)
 from xl.model.transformer import TransformerXL, XLOutput
 from xl.training.checkpoints.checkpoint import XL_KEY, CheckpointError, gather_rng_states, set_rng_state
 from xl.training.loop.nonfinite import NonFiniteSteps
@@ -79,21 +74,20 @@ class XLLitModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.config = XLConfig.from_dict(dict(model))  # the model's rules, its training context's among them
-        # The module's own context settings (a composed config's schema has bounded them; a Python caller's are here).
-        check_values({"grad_segments": grad_segments, "doc_boundaries": doc_boundaries}, memory_key)
-        self.config.memory.check_window(grad_segments, self.config.mem_len)
+        # The training context and the evaluation's, each checked here, where it is made: refused now, not by the
+        # first forward, which trusts them.
+        self.context = self.config.context(doc_boundaries=doc_boundaries, grad_segments=grad_segments).check(
+            self.config.memory, memory_key)
+        self.eval_context = self.context.evaluated(
+            {"mem_len": eval_mem_len, "clamp_len": eval_clamp_len, "same_length": eval_same_length}).check(
+            self.config.memory, eval_key)
         self.grad_segments = grad_segments
         self.window = GradientWindow(grad_segments)  # gradients through windows of segments: xl.training.loop.window
         self.optim = OptimConfig(**(optim or {}))
-        self.eval_context = evaluation_context(
-            {"mem_len": eval_mem_len, "clamp_len": eval_clamp_len, "same_length": eval_same_length}, self.config)
-        # The evaluation context is made here: refused now, not by the first forward, which trusts it.
-        check_values(self.eval_context, eval_key)
-        check_context(self.eval_context["mem_len"], self.eval_context["same_length"], self.config.memory, eval_key)
         self.unit = unit
         self.nonfinite = NonFiniteSteps(max_nonfinite_steps)  # the non-finite policy: xl.training.loop.nonfinite
         self.doc_boundaries = doc_boundaries
-        if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context["mem_len"]):
+        if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context.mem_len):
             log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
                      "segment are hidden")
         self.model = TransformerXL(self.config)
@@ -118,7 +112,7 @@ class XLLitModule(L.LightningModule):
         model = self.model  # the memory follows the model to its device and storage dtype
         mems, kv = self.memory.read(stage, x.size(0), model.device, self.config.memory_dtype(model.dtype),
                                     rank_zero_warn)
-        context = {} if stage == "train" else self.eval_context
+        context = {} if stage == "train" else self.eval_context.attention()
         if stage != "train" and not torch.is_grad_enabled():  # Lightning evaluates without gradients
             context = {**context, "cache_kv": True, "kv": kv}
         if self.doc_boundaries == "reset":

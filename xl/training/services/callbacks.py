@@ -261,7 +261,7 @@ class JobSummary(L.Callback):
         dtype = next(pl_module.parameters()).dtype
         return {
             "mem_len": cfg.mem_len,
-            "eval_mem_len": pl_module.eval_context["mem_len"],
+            "eval_mem_len": pl_module.eval_context.mem_len,
             "memory": describe(cfg.memory),
             "grad_segments": pl_module.grad_segments,
             "doc_boundaries": pl_module.doc_boundaries,
