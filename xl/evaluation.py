@@ -27,6 +27,7 @@ from xl.memory.store import packed_size
 from xl.model import memory_settings
 from xl.model.adaptive import widen
 from xl.model.documents import Documents, DocumentStats, split_batch, summary, target_bytes
+from xl.model.memory_settings import MemoryContext
 from xl.model.transformer import TransformerXL
 from xl.training.build import build_datamodule, make_trainer
 from xl.training.checkpoints.checkpoint import Checkpoint, describe_corpus
@@ -84,10 +85,10 @@ class Evaluator(XLLitModule):
     next. A split of one scored segment is timed on that one.
     """
 
-    def __init__(self, model: dict[str, Any], context: dict[str, Any], unit: str, warmup: int = 0,
-                 attn_len: int | None = None, doc_boundaries: str = "ignore", per_document: bool = False) -> None:
-        super().__init__(model=model, eval_mem_len=context["mem_len"], eval_same_length=context["same_length"],
-                         eval_clamp_len=context["clamp_len"], unit=unit, doc_boundaries=doc_boundaries)
+    def __init__(self, model: dict[str, Any], context: MemoryContext, unit: str, warmup: int = 0,
+                 attn_len: int | None = None, per_document: bool = False) -> None:
+        super().__init__(model=model, eval_mem_len=context.mem_len, eval_same_length=context.same_length,
+                         eval_clamp_len=context.clamp_len, unit=unit, doc_boundaries=context.doc_boundaries)
         self.warmup, self.attn_len, self.per_document = warmup, attn_len, per_document
         self.history: Tensor | None = None
         self.pos_history: Tensor | None = None  # positions in their documents of the vanilla history
@@ -190,12 +191,15 @@ class Evaluator(XLLitModule):
                        f"{stage}/tok_s": timed * world / seconds}, sync_dist=False)
 
 
-def eval_context(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
-    """The overrides of the checkpoint's evaluation context: each of mem_len/clamp_len/same_length from
-    memory.eval_X, else memory.X, else the checkpoint's evaluation value, else its trained value."""
-    return memory_settings.MemoryContext.of(memory_settings.eval_overrides(cfg.memory), cfg.memory,
-                                            memory_settings.eval_overrides(checkpoint.hyper_parameters),
-                                            checkpoint.model_config).attention()
+def eval_context(cfg: DictConfig, checkpoint: Checkpoint) -> MemoryContext:
+    """The context this evaluation of ``checkpoint`` uses: each of mem_len/clamp_len/same_length from memory.eval_X,
+    else memory.X, else the checkpoint's evaluation value, else its trained value; doc_boundaries from
+    memory.doc_boundaries, else the checkpoint's, else ignore (what a checkpoint without the setting was trained
+    with)."""
+    saved = checkpoint.hyper_parameters
+    return MemoryContext.of(
+        memory_settings.eval_overrides(cfg.memory), cfg.memory, memory_settings.eval_overrides(saved), saved,
+        {"doc_boundaries": "ignore"}, checkpoint.model_config).evaluated({})
 
 
 def eval_model_config(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]:
@@ -221,7 +225,7 @@ def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any,
     context = eval_context(cfg, checkpoint)
     attn_len = None
     if cfg.vanilla:
-        attn_len = cfg.attn_len or default_attn_len(context["mem_len"], datamodule.eval_tgt_len, context["same_length"])
+        attn_len = cfg.attn_len or default_attn_len(context.mem_len, datamodule.eval_tgt_len, context.same_length)
     check_evaluate_config(cfg, model, attn_len)
     per_document = bool(cfg.get("per_document", False))
     scored = getattr(datamodule, "scored", "every token")
@@ -229,19 +233,12 @@ def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any,
         raise ConfigError(f"vanilla=true and per_document=true score every target, but this data scores {scored}; "
                           "set data.loss=all, or vanilla=false and per_document=false")
     try:
-        module = Evaluator(model, context, datamodule.unit, cfg.warmup, attn_len, eval_doc_boundaries(cfg, checkpoint),
-                           per_document)
+        module = Evaluator(model, context, datamodule.unit, cfg.warmup, attn_len, per_document)
     except ValueError as err:
         raise ConfigError(f"invalid memory setting: {err}") from err
     checkpoint.check_weights(module.model)
     module.load_state_dict(checkpoint.state["state_dict"])
     return module
-
-
-def eval_doc_boundaries(cfg: DictConfig, checkpoint: Checkpoint) -> str:
-    """memory.doc_boundaries (its schema bounds it), else the checkpoint's, else ignore (what a checkpoint without the
-    setting did)."""
-    return cfg.memory.get("doc_boundaries") or checkpoint.hyper_parameters.get("doc_boundaries") or "ignore"
 
 
 def corpus_note(checkpoint: Checkpoint, datamodule: Any, from_run: bool) -> str:

@@ -119,11 +119,16 @@ def test_context_comes_from_eval_settings_then_memory_then_checkpoint():
         "xl": {"model_config": {"mem_len": 16, "clamp_len": -1, "same_length": False}},
         "hyper_parameters": {"eval_mem_len": 64, "eval_same_length": None, "eval_clamp_len": None}})
     cfg = compose_eval("ckpt=x")
-    assert eval_context(cfg, checkpoint) == {"mem_len": 64, "clamp_len": -1, "same_length": False}
+    assert eval_context(cfg, checkpoint).attention() == {"mem_len": 64, "clamp_len": -1, "same_length": False}
     cfg = compose_eval("ckpt=x", "memory.mem_len=32", "memory.clamp_len=8", "memory.eval_same_length=true")
-    assert eval_context(cfg, checkpoint) == {"mem_len": 32, "clamp_len": 8, "same_length": True}
+    assert eval_context(cfg, checkpoint).attention() == {"mem_len": 32, "clamp_len": 8, "same_length": True}
     cfg = compose_eval("ckpt=x", "memory.mem_len=32", "memory.eval_mem_len=128")
-    assert eval_context(cfg, checkpoint)["mem_len"] == 128
+    assert eval_context(cfg, checkpoint).mem_len == 128
+    # doc_boundaries: memory.doc_boundaries, else the checkpoint's, else ignore (a checkpoint without the setting)
+    assert eval_context(compose_eval("ckpt=x"), checkpoint).doc_boundaries == "ignore"
+    checkpoint.hyper_parameters["doc_boundaries"] = "reset"
+    assert eval_context(compose_eval("ckpt=x"), checkpoint).doc_boundaries == "reset"
+    assert eval_context(compose_eval("ckpt=x", "memory.doc_boundaries=ignore"), checkpoint).doc_boundaries == "ignore"
 
 
 def test_errors_name_the_setting(trained, corpus, tmp_path):

@@ -57,10 +57,10 @@ def build(experiment: str) -> tuple[Evaluator, Reader]:
     segments of the experiment's training length with its memory as the evaluation context."""
     shape, _, seg_len = experiment_shape(experiment)
     config = XLConfig.from_dict(shape)
-    context = {"mem_len": config.mem_len, "clamp_len": config.clamp_len, "same_length": config.same_length}
+    context = config.context(doc_boundaries="ignore")
     torch.manual_seed(0)
     evaluator = Evaluator(config.to_dict(), context, "byte").eval()
-    window = {"window": context["mem_len"], "clamp_len": context["clamp_len"], "same_length": context["same_length"]}
+    window = {"window": context.mem_len, "clamp_len": context.clamp_len, "same_length": context.same_length}
     return evaluator, Reader(evaluator.model, make_tokenizer("byte"), window, seg_len, MAX_NEW_TOKENS)
 
 
