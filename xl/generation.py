@@ -4,9 +4,9 @@ incremental decoder's sampling loop, its window, the warm-up and the prompt's to
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -17,6 +17,7 @@ from xl.config.rules import ConfigError
 from xl.data.sources import decode
 from xl.data.tokenizers import Tokenizer, WordTokenizer
 from xl.model import memory_settings
+from xl.model.memory_settings import MemoryContext
 from xl.model.transformer import TransformerXL
 from xl.training.build import build_datamodule
 from xl.training.checkpoints.checkpoint import Checkpoint
@@ -56,15 +57,16 @@ def generate(model: TransformerXL, prompt: Tensor, max_new_tokens: int, window: 
     return torch.stack(new, dim=1) if new else prompt[:, :0]
 
 
-def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str, Any], str]:
-    """The decoder's window (mem_len), clamp_len and same_length, and a line saying where the window comes from.
+def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[MemoryContext, str]:
+    """The decoder's context (its ``mem_len`` the decoder's window, with clamp_len and same_length), and a line saying
+    where the window comes from.
 
     Each is the generate config's value if set, else the checkpoint's. A model trained without memory
     (mem_len=0, no memory tokens) gets the window with which each new token attends over as many tokens as the
     last token of a training segment did: its training segment length, itself included.
     """
     saved = checkpoint.model_config
-    resolved = memory_settings.MemoryContext.of(cfg, saved)
+    resolved = MemoryContext.of(cfg, saved)
     clamp_len, same_length = resolved.clamp_len, resolved.same_length
     if cfg.mem_len is not None:
         window, source = cfg.mem_len, "mem_len"
@@ -77,7 +79,7 @@ def decoding_context(cfg: DictConfig, checkpoint: Checkpoint) -> tuple[dict[str,
         window = tgt_len if same_length else max(1, tgt_len - 1)  # same_length counts the new token in the window
         source = (f"the checkpoint was trained without memory: each new token attends over "
                   f"{window if same_length else window + 1} tokens, {origin}={tgt_len}; set mem_len=N to change")
-    context = {"window": window, "clamp_len": clamp_len, "same_length": same_length}
+    context = dataclasses.replace(resolved, mem_len=window)
     return context, (f"decoding with mem_len={window} ({source}), clamp_len={clamp_len}, "
                      f"same_length={same_length}")
 
@@ -134,7 +136,8 @@ def sample_text(cfg: DictConfig) -> None:
     ids = prompt_ids(tokenizer, text)
     try:
         new = generate(model, torch.tensor(ids, dtype=torch.long)[None], cfg.max_new_tokens, seg_len=cfg.seg_len,
-                       temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed, **context)
+                       temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed,
+                       window=context.mem_len, clamp_len=context.clamp_len, same_length=context.same_length)
     except ValueError as err:  # the decoder's context checks name mem_len / clamp_len
         raise ConfigError(str(err)) from err
     print(described, file=sys.stderr)  # stdout holds only the text; log lines go to stderr too (conf/generate.yaml)

@@ -28,6 +28,7 @@ from xl.data.babilong.samples import samples
 from xl.data.sources import StdlibSource
 from xl.data.tokenizers import make_tokenizer
 from xl.model.config import XLConfig
+from xl.model.memory_settings import MemoryContext
 from xl.model.transformer import TransformerXL
 
 PROMPTS = ["Mary went to the kitchen.\nQuestion: Where is Mary?\n", "Question: Where?\n",
@@ -56,7 +57,7 @@ def test_answers_read_segment_by_segment_with_filler_are_those_of_one_forward_ov
     model = TransformerXL(XLConfig(vocab_size=256, n_layer=2, n_head=2, d_model=32, d_head=16, d_inner=64,
                                    dropout=0.0, mem_len=200)).double().eval()
     tokenizer = make_tokenizer("byte")
-    reader = Reader(model, tokenizer, {"window": 200, "clamp_len": -1, "same_length": False}, seg_len=7,
+    reader = Reader(model, tokenizer, MemoryContext(mem_len=200), seg_len=7,
                     max_new_tokens=6)
     expected = [greedy_by_recomputation(model, [int(i) for i in tokenizer.encode(p)], 6, 10) for p in PROMPTS]
     _, logits = reader.read(PROMPTS)  # three rows of different lengths, read together in segments of 7

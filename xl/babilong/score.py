@@ -49,6 +49,7 @@ from xl.data.babilong.samples import Sample, samples
 from xl.data.babilong.tasks import LABELS
 from xl.data.sources import StdlibSource
 from xl.generation import decoding_context
+from xl.model.memory_settings import MemoryContext
 from xl.training.runs import TrainedRun
 from xl.training.services.callbacks import write_json
 from xl.training.services.console import errors_logged, quiet_warnings
@@ -63,7 +64,7 @@ class Reader:
 
     model: Any
     tokenizer: Any
-    context: dict[str, Any]
+    context: MemoryContext  # the decoder's (its mem_len the decoder's window)
     seg_len: int
     max_new_tokens: int
     stops: torch.Tensor = field(init=False)  # ids whose text holds a line end: they close an answer
@@ -90,8 +91,8 @@ class Reader:
             starts[row, width - len(row_ids)] = True
         padded = any(len(i) < width for i in ids)
         device = self.model.device
-        decoder = self.model.decoder(len(ids), self.context["window"], clamp_len=self.context["clamp_len"],
-                                     same_length=self.context["same_length"])
+        decoder = self.model.decoder(len(ids), self.context.mem_len, clamp_len=self.context.clamp_len,
+                                     same_length=self.context.same_length)
         return decoder, decoder.prefill(tokens.to(device), self.seg_len, starts.to(device) if padded else None)
 
     @torch.no_grad()
@@ -142,7 +143,7 @@ def reader_of(cfg: DictConfig, run: TrainedRun) -> tuple[Reader, str]:
     model = run.model().to(device)
     context, described = decoding_context(OmegaConf.merge(cfg, {"seg_len": seg_len}), run.checkpoint)
     try:
-        model.decoder(1, context["window"], clamp_len=context["clamp_len"], same_length=context["same_length"])
+        model.decoder(1, context.mem_len, clamp_len=context.clamp_len, same_length=context.same_length)
     except ValueError as err:  # the decoder's context checks name mem_len, clamp_len, same_length
         raise ConfigError(str(err)) from None
     return Reader(model, tokenizer, context, seg_len, cfg.max_new_tokens), f"{described}, segments of {seg_len}"

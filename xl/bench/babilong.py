@@ -60,8 +60,7 @@ def build(experiment: str) -> tuple[Evaluator, Reader]:
     context = config.context(doc_boundaries="ignore")
     torch.manual_seed(0)
     evaluator = Evaluator(config.to_dict(), context, "byte").eval()
-    window = {"window": context.mem_len, "clamp_len": context.clamp_len, "same_length": context.same_length}
-    return evaluator, Reader(evaluator.model, make_tokenizer("byte"), window, seg_len, MAX_NEW_TOKENS)
+    return evaluator, Reader(evaluator.model, make_tokenizer("byte"), context, seg_len, MAX_NEW_TOKENS)
 
 
 def cell_settings(rows: int) -> DictConfig:
