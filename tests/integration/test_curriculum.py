@@ -111,6 +111,8 @@ def test_every_stage_shares_one_vocabulary(tmp_path, corpus):
     ("{length:0,steps:4,below:1,above:2}", "curriculum stage 1 has both below and above; give one threshold"),
     ("{length:0,train_most_questions:6,steps:4}",
      "curriculum stage 1: train_most_questions must be a whole number from 1 to 5, got 6"),
+    ("{length:0,val_most_questions:0,steps:4}",
+     "curriculum stage 1: val_most_questions must be a whole number from 1 to 5, got 0"),
 ])
 def test_a_bad_stage_is_refused_in_one_sentence(tmp_path, corpus, stage, sentence):
     cfg = compose_config(*overrides(tmp_path, corpus, "bad"), f"curriculum=[{stage}]")
@@ -132,6 +134,19 @@ def test_a_stage_over_the_number_of_facts_sets_the_training_stories_and_nothing_
     assert first.tokenizer.to_dict() == last.tokenizer.to_dict()
     for split in ("val", "test"):
         assert list(first.source.samples(split)) == list(last.source.samples(split))
+
+
+def test_a_stage_validated_on_its_own_stories_keeps_the_test_split(tmp_path, corpus):
+    """``val_most_questions`` per stage: the first stage validates on two-move stories, the last on whole ones; the
+    test split is BABILong's whole stories in every stage."""
+    stages = "curriculum=[{length:0,train_most_questions:1,val_most_questions:1,steps:4},{length:0}]"
+    data = make_datamodule(compose_config(*overrides(tmp_path, corpus, "own-val"), stages))
+    data.prepare_data()
+    first, last = data.modules
+    assert {len(s.story.facts) for s in first.source.samples("val")} == {2}
+    assert max(len(s.story.facts) for s in last.source.samples("val")) > 2
+    assert list(first.source.samples("test")) == list(last.source.samples("test"))
+    assert first.tokenizer.to_dict() == last.tokenizer.to_dict()
 
 
 def test_a_curriculum_needs_the_stream_and_validation_at_epoch_ends(tmp_path, corpus):

@@ -7,11 +7,13 @@
       - {length: 128, steps: 2000}
       - {length: 256}
 
-``length``, ``tasks`` and ``train_most_questions`` replace ``data.length``, ``data.tasks`` and
-``data.train_most_questions`` (a curriculum over the number of facts) for the stage; ``steps`` is the stage's budget of
-optimizer steps; ``metric`` with ``below`` (or ``above``) ends it at the first validation whose value passes. A stage
-ends at the first validation where either holds; the last stage's end ends the training. :func:`check_curriculum`
-refuses a bad list in one sentence before any work; :mod:`xl.training.loop.curriculum` runs it.
+``length``, ``tasks``, ``train_most_questions`` and ``val_most_questions`` replace the ``data`` settings of those
+names for the stage (``train_most_questions``: a curriculum over the number of facts; ``val_most_questions``: the
+stage validated on stories as long as its own, so that a threshold on ``val/loss`` ends it once they are learnt);
+``steps`` is the stage's budget of optimizer steps; ``metric`` with ``below`` (or ``above``) ends it at the first
+validation whose value passes. A stage ends at the first validation where either holds; the last stage's end ends
+the training. :func:`check_curriculum` refuses a bad list in one sentence before any work;
+:mod:`xl.training.loop.curriculum` runs it.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from xl.data.babilong.lengths import is_length, parse_length
 from xl.data.babilong.tasks import QUESTIONS_PER_STORY, TASKS
 from xl.settings.bounds import is_int, is_number
 
-KEYS = ("length", "tasks", "train_most_questions", "steps", "metric", "below", "above")
-DATA_KEYS = ("length", "tasks", "train_most_questions")  # the data settings a stage may change
+KEYS = ("length", "tasks", "train_most_questions", "val_most_questions", "steps", "metric", "below", "above")
+DATA_KEYS = ("length", "tasks", "train_most_questions", "val_most_questions")  # the data settings a stage may change
 
 
 @dataclass(frozen=True)
@@ -73,10 +75,10 @@ def check_stage(i: int, node: Any, metrics: list[str], last: bool) -> None:
     tasks = node.get("tasks")
     if tasks is not None and not (OmegaConf.is_list(tasks) and len(tasks) and all(t in TASKS for t in tasks)):
         raise ValueError(f"{where}: tasks must be a list of {', '.join(TASKS)}, got {tasks!r}")
-    most = node.get("train_most_questions")
-    if most is not None and not (is_int(most) and 1 <= most <= QUESTIONS_PER_STORY):
-        raise ValueError(f"{where}: train_most_questions must be a whole number from 1 to {QUESTIONS_PER_STORY}, got "
-                         f"{most!r}")
+    for key in ("train_most_questions", "val_most_questions"):
+        most = node.get(key)
+        if most is not None and not (is_int(most) and 1 <= most <= QUESTIONS_PER_STORY):
+            raise ValueError(f"{where}: {key} must be a whole number from 1 to {QUESTIONS_PER_STORY}, got {most!r}")
     steps = node.get("steps")
     if steps is not None and not (is_int(steps) and steps >= 1):
         raise ValueError(f"{where}: steps must be a whole number >= 1 (optimizer steps), got {steps!r}")

@@ -164,6 +164,9 @@ class BabilongDataSchema(DataSchema):
                                                        lambda v: is_int(v) and 1 <= v <= 5),
                                         help="a training story runs to its k-th question, k from 1 to this (bAbI's "
                                              "5; qa1: two moves per question); val and test keep 5")
+    val_most_questions: int = setting(5, bound=Bound("a whole number from 1 to 5", lambda v: is_int(v) and 1 <= v <= 5),
+                                      help="a validation story runs to its k-th question, k from 1 to this: a "
+                                           "curriculum stage validated on its own stories; test keeps 5")
 
 
 @dataclass

@@ -136,12 +136,25 @@ def test_kept_questions_change_the_train_split_only_and_score_every_answer(tmp_p
         [t.tolist() for t in b[:2]] for _, b in zip(range(10), again.train_dataloader(), strict=False)]
 
 
+def test_val_most_questions_caps_the_validation_stories_alone(tmp_path):
+    """A validation story of qa1 cut at its first question is two moves long; test keeps BABILong's whole stories and
+    training is unchanged; the cache is another."""
+    whole = data(tmp_path / "whole", tasks=["qa1"])
+    short = data(tmp_path / "short", tasks=["qa1"], val_most_questions=1)
+    assert {len(s.story.facts) for s in short.source.samples("val")} == {2}
+    assert max(len(s.story.facts) for s in whole.source.samples("val")) > 2
+    assert list(short.source.samples("test")) == list(whole.source.samples("test"))
+    assert list(short.source.samples("train")) == list(whole.source.samples("train"))
+    assert short.cache.folder != whole.cache.folder
+
+
 def test_kept_questions_are_written_at_length_0_only():
     for settings, message in (({"length": "1k", "train_questions": "all"}, "data.length=0"),
                               ({"length": "1k", "train_questions": "every"}, "data.length=0"),
                               ({"length": 0, "train_questions": "some"}, "data.train_questions"),
                               ({"length": 0, "train_most_questions": 6}, "data.train_most_questions"),
-                              ({"length": 0, "train_most_questions": 0}, "data.train_most_questions")):
+                              ({"length": 0, "train_most_questions": 0}, "data.train_most_questions"),
+                              ({"length": 0, "val_most_questions": 0}, "data.val_most_questions")):
         with pytest.raises(DataError, match=message) as err:
             BabilongDataModule(StdlibSource(), tasks=["qa1"], **settings)
         assert "\n" not in str(err.value) and len(str(err.value)) < 200

@@ -71,11 +71,11 @@ class BabilongSource:
     def __init__(self, background: Source, tasks: Sequence[str], length: int, sizes: dict[str, int], seed: int,
                  count: Callable[[str], int], tokenizer_key: str, stream: SampleStream | None = None,
                  vocabulary: SampleStream | None = None, questions: str = "last",
-                 most: int = QUESTIONS_PER_STORY) -> None:
+                 most: int = QUESTIONS_PER_STORY, val_most: int = QUESTIONS_PER_STORY) -> None:
         self.background, self.tasks, self.length = background, list(tasks), length
         self.sizes, self.seed, self.count, self.tokenizer_key = sizes, seed, count, tokenizer_key
         self.stream, self.fitted_on, self.questions = stream, vocabulary or stream, questions
-        self.most = most
+        self.most, self.val_most = most, val_most
 
     def identity(self) -> str:
         stream = None if self.stream is None else [VOCABULARY_SAMPLES, self.fitted_on.pool_tokens]
@@ -84,7 +84,9 @@ class BabilongSource:
         spec = json.dumps([VERSION, self.tasks, self.length, self.sizes, self.seed, self.background.identity(),
                            self.tokenizer_key, MAX_UNIT_TOKENS, *([stream] if stream else []),
                            *([f"train questions: {self.questions}"] if self.questions != "last" else []),
-                           *([f"train questions up to: {self.most}"] if self.most != QUESTIONS_PER_STORY else [])])
+                           *([f"train questions up to: {self.most}"] if self.most != QUESTIONS_PER_STORY else []),
+                           *([f"val questions up to: {self.val_most}"]
+                             if self.val_most != QUESTIONS_PER_STORY else [])])
         return "babilong-" + hashlib.sha256(spec.encode()).hexdigest()[:16]
 
     def setting(self, split: str) -> str:
@@ -98,7 +100,8 @@ class BabilongSource:
             yield from (self.fitted_on.sample(VOCABULARY_ROW, j) for j in range(VOCABULARY_SAMPLES))
             return
         background = Sentences(self.background, split, self.count)
-        questions, most = (self.questions, self.most) if split == "train" else ("last", QUESTIONS_PER_STORY)
+        questions, most = {"train": (self.questions, self.most), "val": ("last", self.val_most)}.get(
+            split, ("last", QUESTIONS_PER_STORY))
         streams = [samples(task, self.length, split, self.seed, background, self.count, questions, most)
                    for task in self.tasks]
         for i in range(self.sizes[split]):
@@ -127,7 +130,8 @@ class BabilongDataModule(SegmentDataModule):
     def __init__(self, background: Source, tasks: Sequence[str] = ("qa1",), length: int | str = "1k",
                  train_samples: int | str = 2000, eval_samples: int = 200, seed: int = 0, loss: str = "answer",
                  vocabulary: dict[str, Any] | None = None, train_questions: str = "last",
-                 train_most_questions: int = QUESTIONS_PER_STORY, **kwargs: Any) -> None:
+                 train_most_questions: int = QUESTIONS_PER_STORY, val_most_questions: int = QUESTIONS_PER_STORY,
+                 **kwargs: Any) -> None:
         tasks = check_tasks(tasks)
         try:
             tokens = parse_length(length)
@@ -143,9 +147,9 @@ class BabilongDataModule(SegmentDataModule):
             raise DataError("data.train_questions must be last (one question per training story), all (each "
                             f"question of the story) or every (qa1: about every actor), got {train_questions!r}")
         questions = train_questions
-        if not isinstance(train_most_questions, int) or not 1 <= train_most_questions <= QUESTIONS_PER_STORY:
-            raise DataError(f"data.train_most_questions must be a whole number from 1 to {QUESTIONS_PER_STORY}, got "
-                            f"{train_most_questions!r}")
+        for key, most in (("train_most_questions", train_most_questions), ("val_most_questions", val_most_questions)):
+            if not isinstance(most, int) or not 1 <= most <= QUESTIONS_PER_STORY:
+                raise DataError(f"data.{key} must be a whole number from 1 to {QUESTIONS_PER_STORY}, got {most!r}")
         if questions != "last" and tokens != 0:
             raise DataError(f"data.train_questions={questions} writes a training story's questions at data.length=0 "
                             "only; set data.length=0 or data.train_questions=last")
@@ -170,7 +174,7 @@ class BabilongDataModule(SegmentDataModule):
                 fitted_on = SampleStream(background, check_tasks(vocabulary["tasks"]),
                                          parse_length(vocabulary["length"]), seed, count)
         source = BabilongSource(background, tasks, tokens, sizes, seed, count, tokenizer.key(), self.stream,
-                                fitted_on, questions, train_most_questions)
+                                fitted_on, questions, train_most_questions, val_most_questions)
         super().__init__(source, **kwargs)
         self.loss = loss
 
