@@ -1,7 +1,7 @@
 """Settings that change how a BABILong-style model is trained and nothing it is scored on: word tokens with each
 punctuation mark a word of its own (``data.tokenizer_kwargs.punctuation``), and training stories that keep every
 question of the story in bAbI's format (``data.train_questions=all``) or, in qa1, ask about every actor at each
-question's place (``every``)."""
+question's place (``every``) or once after all the facts (``end``)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def test_the_punctuation_setting_is_kept_fingerprinted_and_checked(tmp_path):
         WordTokenizer(file=path, punctuation=True)
 
 
-@pytest.mark.parametrize("task,questions", [("qa1", "all"), ("qa2", "all"), ("qa3", "all"), ("qa1", "every")])
+@pytest.mark.parametrize("task,questions", [("qa1", "all"), ("qa2", "all"), ("qa3", "all"), ("qa1", "every"),
+                                            ("qa1", "end")])
 def test_a_story_that_keeps_its_questions_answers_each_from_the_facts_before_it(task, questions):
     rng = random.Random("kept")
     kept = 0
@@ -83,12 +84,29 @@ def test_every_asks_about_each_actor_who_moved_at_each_question_s_place_once():
             assert sorted(actors) == sorted(moved)
 
 
-@pytest.mark.parametrize("task,questions", [(t, q) for t in ("qa2", "qa3", "qa4", "qa5") for q in ("all", "every")])
+def test_end_asks_about_each_actor_who_moved_once_after_all_the_facts():
+    """The facts before the questions are the story's whole, as in a test story: no earlier answer says where an
+    actor was; the facts are those the story without its questions has."""
+    rng, plain = random.Random("end"), random.Random("end")
+    for _ in range(200):
+        story, alone = GENERATORS["qa1"](rng, "end"), GENERATORS["qa1"](plain)
+        assert story.facts == alone.facts
+        plain.setstate(rng.getstate())  # "end" draws the order of its questions too
+        assert all(n == len(story.facts) for n, _, _ in story.asked)
+        asked = [q.removeprefix("Where is ").removesuffix("?") for _, q, _ in (*story.asked, (0, story.question, 0))]
+        assert sorted(asked) == sorted({fact.split()[0] for fact in story.facts})
+
+
+@pytest.mark.parametrize("task,questions", [(t, q) for t in ("qa2", "qa3", "qa4", "qa5") for q in ("all", "every")]
+                         + [(t, "end") for t in ("qa2", "qa3", "qa4", "qa5")])
 def test_keeping_the_questions_draws_the_same_stories_where_it_needs_no_draws(task, questions):
+    """Tasks other than qa1 keep their questions for all and every, and their last alone for end."""
     a, b = random.Random(5), random.Random(5)
     for _ in range(50):
         kept, one = GENERATORS[task](a, questions), GENERATORS[task](b)
         assert (kept.facts, kept.question, kept.answer, one.asked) == (one.facts, one.question, one.answer, ())
+        if questions == "end":
+            assert kept.asked == ()
 
 
 def test_a_kept_question_is_a_line_of_its_own_and_its_answer_a_piece_of_its_own():
@@ -119,7 +137,7 @@ def data(tmp_path, **settings):
 
 
 @pytest.mark.parametrize("train_samples,questions,most", [(40, "all", 5), (STREAM, "all", 5), (STREAM, "every", 5),
-                                                          (40, "every", 2)])
+                                                          (40, "every", 2), (STREAM, "end", 5)])
 def test_kept_questions_change_the_train_split_only_and_score_every_answer(tmp_path, train_samples, questions, most):
     last = data(tmp_path / "last", train_samples=train_samples)
     every = data(tmp_path / "all", train_samples=train_samples, train_questions=questions, train_most_questions=most)
@@ -151,6 +169,7 @@ def test_val_most_questions_caps_the_validation_stories_alone(tmp_path):
 def test_kept_questions_are_written_at_length_0_only():
     for settings, message in (({"length": "1k", "train_questions": "all"}, "data.length=0"),
                               ({"length": "1k", "train_questions": "every"}, "data.length=0"),
+                              ({"length": "1k", "train_questions": "end"}, "data.length=0"),
                               ({"length": 0, "train_questions": "some"}, "data.train_questions"),
                               ({"length": 0, "train_most_questions": 6}, "data.train_most_questions"),
                               ({"length": 0, "train_most_questions": 0}, "data.train_most_questions"),

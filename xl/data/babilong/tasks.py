@@ -31,9 +31,10 @@ TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
 # The answers each task can have (BABILong's TASK_LABELS for qa1-qa5, babilong/metrics.py).
 LABELS = {"qa1": LOCATIONS, "qa2": LOCATIONS, "qa3": LOCATIONS, "qa4": LOCATIONS, "qa5": (*GIVERS, *OBJECTS)}
 QUESTIONS_PER_STORY = 5  # a story is cut at its k-th question, k from 1 to this (``most`` of a training story)
-# Which questions a story keeps (data.train_questions): its last (BABILong's one), all of them in bAbI's format, or
-# in qa1 every actor's at each question's place (other tasks: all).
-QUESTIONS = ("last", "all", "every")
+# Which questions a story keeps (data.train_questions): its last (BABILong's one), all of them in bAbI's format, in
+# qa1 every actor's at each question's place (other tasks: all), or in qa1 every actor's once, after all the facts
+# (other tasks: last).
+QUESTIONS = ("last", "all", "every", "end")
 MAX_FACTS = 300  # a story of qa2 or qa3 that has not reached its question by then is begun again
 OBJECT_ACTIONS = (("get", "drop"), ("move",))  # qa2, qa3: get or drop, or a move, each group one time in two
 GIVER_ACTIONS = (("get",), ("give",), ("move",))  # qa5
@@ -70,7 +71,9 @@ def qa1(rng: random.Random, questions: str = "last",
         most: int = QUESTIONS_PER_STORY) -> Story:
     """A question after every two moves, the k-th ends the story (k from 1 to ``most``). ``questions="all"``
     keeps the earlier ones too, ``"every"`` asks at each of those points about every actor who has moved, in random
-    order, the story's own question last (both draw more of ``rng``: other stories than ``"last"``)."""
+    order, the story's own question last; ``"end"`` asks about every actor once, after all the facts, as ``"every"``
+    does at the last point (so the facts before the questions are all a test story has: no earlier answer tells
+    where an actor was). Each draws more of ``rng``: other stories than ``"last"``."""
     world = World(rng, ACTORS)
     earlier = []
 
@@ -85,7 +88,7 @@ def qa1(rng: random.Random, questions: str = "last",
         world.perform(world.propose("move"))
         world.perform(world.propose("move"))
     actor = rng.choice(sorted(world.actor_at))
-    if questions == "every":
+    if questions in ("every", "end"):
         ask(rng.sample([a for a in sorted(world.actor_at) if a != actor], len(world.actor_at) - 1))
     return with_asked(answered("qa1", world, f"Where is {actor}?", world.actor_at[actor]), earlier)
 
@@ -108,7 +111,7 @@ def _object_story(rng: random.Random, ask: Callable[[World], Story | None], ques
             if story is not None:
                 since = 0
                 if len(earlier) + 1 == last:
-                    return with_asked(story, earlier if questions != "last" else [])
+                    return with_asked(story, earlier if questions in ("all", "every") else [])
                 earlier.append(story)
 
 
