@@ -55,6 +55,8 @@ CI_COMMAND = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
 HYDRA_CONFIGS = {"train.py": "config", "xl.evaluate": "evaluate", "xl.generate": "generate", "xl.export": "export",
                  "xl.babilong": "babilong"}
 
+BIND_ONE_STAGE = ("curriculum=[{length:0,train_most_questions:1,steps:6000},{length:0}] "
+                  "trainer.limit_train_batches=1000 trainer.val_check_interval=1000")
 # Commands shown but not run here, each with the reason (keys: the command as shlex reads it, comments dropped).
 SKIP = {
     # GPUs and clusters
@@ -158,17 +160,23 @@ SKIP = {
         "a research training of 40 minutes; the settings' own command above it runs",
     "python -m xl.babilong ckpt=runs/recipe/facts-long tasks=[qa1] lengths=[0] samples=200 logger=none":
         "scores a research training that is skipped",
-    "python train.py experiment=babilong_bind seed=1 logger=csv hydra.run.dir=runs/recipe/bind-1":
-        "a research training of 35 minutes; the settings' own command above it runs",
-    "python train.py experiment=babilong_bind seed=2 logger=csv hydra.run.dir=runs/recipe/bind-2":
-        "a research training of 35 minutes; the settings' own command above it runs",
-    "python -m xl.babilong ckpt=runs/recipe/bind-1 tasks=[qa1] lengths=[0] samples=200 logger=none":
+    **{f"python train.py experiment=babilong_bind seed={n} logger=csv hydra.run.dir=runs/recipe/end-{n}":
+       "a research training of 31 to 35 minutes; the settings' own command above it runs" for n in (1, 2, 3)},
+    "python train.py experiment=babilong_bind data.train_questions=every seed=1 logger=csv "
+    "hydra.run.dir=runs/recipe/every-staged-1":
+        "a research training of 31 minutes; the settings' own command above it runs",
+    **{f"python train.py experiment=babilong_bind data.train_questions=every {BIND_ONE_STAGE} seed={n} logger=csv "
+       f"hydra.run.dir=runs/recipe/wide-{n}":
+       "a research training of 42 minutes; the settings' own command above it runs" for n in (1, 2)},
+    **{f"python train.py experiment=babilong_bind model.init_std=0.07 data.train_questions=every {BIND_ONE_STAGE} "
+       f"seed={n} logger=csv hydra.run.dir=runs/recipe/bind-{n}":
+       "a research training of 35 minutes; the settings' own command above it runs" for n in (1, 2, 3)},
+    "python train.py experiment=babilong_bind data.tasks=[qa2] seed=1 logger=csv hydra.run.dir=runs/recipe/qa2-1":
+        "a research training of 45 minutes; the settings' own command above it runs",
+    "python -m xl.babilong ckpt=runs/recipe/qa2-1/checkpoints/last.ckpt tasks=[qa2] lengths=[0] samples=200 "
+    "logger=none":
         "scores a research training that is skipped",
-    "python -m xl.babilong ckpt=runs/recipe/bind-2 tasks=[qa1] lengths=[0] samples=200 logger=none":
-        "scores a research training that is skipped",
-    "python train.py experiment=babilong_bind seed=3 logger=csv hydra.run.dir=runs/recipe/bind-3":
-        "a research training of 35 minutes; the settings' own command above it runs",
-    "python -m xl.babilong ckpt=runs/recipe/bind-3 tasks=[qa1] lengths=[0] samples=200 logger=none":
+    "python -m xl.babilong ckpt=runs/recipe/end-1 tasks=[qa1] lengths=[0] samples=200 logger=none":
         "scores a research training that is skipped",
     "python -m xl.babilong ckpt=runs/recipe/facts-up-to-4 tasks=[qa1] lengths=[0] samples=200 logger=none":
         "scores a research training that is skipped",
