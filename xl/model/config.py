@@ -113,15 +113,15 @@ def xlconfig_key(name: str) -> str:
     return f"XLConfig.{name}"
 
 
-def check_model(c: Any, key: Callable[[str], str] = xlconfig_key) -> None:
-    """Every rule of an :class:`XLConfig` (or anything with its attributes): each field's range, the shape's rules
+def check_model(c: XLConfig, key: Callable[[str], str] = xlconfig_key) -> None:
+    """Every rule of an :class:`XLConfig`: each field's range, the shape's rules
     between fields and the context's; ``key`` names a field in errors."""
     for f in fields(XLConfig):
         bound = bound_of(f)
         if bound is not None and not bound.allows(getattr(c, f.name)):
             raise ValueError(f"{key(f.name)} must be {bound.says}, got {getattr(c, f.name)!r}")
     check_shape(c, key)
-    MemoryContext(**{name: getattr(c, name) for name in CONTEXT_FIELDS}).check(getattr(c, "memory", None), key)
+    c.context().check(c.memory, key)
 
 
 def check_shape(c: Any, key: Callable[[str], str] = xlconfig_key, fitted: bool = False) -> None:

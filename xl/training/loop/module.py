@@ -81,12 +81,10 @@ class XLLitModule(L.LightningModule):
         self.eval_context = self.context.evaluated(
             {"mem_len": eval_mem_len, "clamp_len": eval_clamp_len, "same_length": eval_same_length}).check(
             self.config.memory, eval_key)
-        self.grad_segments = grad_segments
         self.window = GradientWindow(grad_segments)  # gradients through windows of segments: xl.training.loop.window
         self.optim = OptimConfig(**(optim or {}))
         self.unit = unit
         self.nonfinite = NonFiniteSteps(max_nonfinite_steps)  # the non-finite policy: xl.training.loop.nonfinite
-        self.doc_boundaries = doc_boundaries
         if doc_boundaries == "reset" and 0 in (self.config.mem_len, self.eval_context.mem_len):
             log.info("memory.doc_boundaries=reset with a memory length of 0: only earlier documents inside the same "
                      "segment are hidden")
@@ -99,6 +97,16 @@ class XLLitModule(L.LightningModule):
         # unit's figure and bits per byte (an unknown unit is refused there). No NaN checks inside: they would wait
         # for the device every step.
         self.metrics = LMMetrics(unit)
+
+    @property
+    def grad_segments(self) -> int:
+        """Segments per gradient window (the training context's)."""
+        return self.context.grad_segments
+
+    @property
+    def doc_boundaries(self) -> str:
+        """reset or ignore (the training context's; evaluation's is the same)."""
+        return self.context.doc_boundaries
 
     # ---- one segment ----------------------------------------------------------------------------
     def run_segment(self, x: Tensor, stage: str, targets: Tensor | None = None,
