@@ -37,10 +37,13 @@ class _Lookup(dict):
         return self.unk_id
 
 
-def vocabulary_json(words: list[str], eos: str = EOS, unk: str = UNK, lower_case: bool = False) -> str:
+def vocabulary_json(words: list[str], eos: str = EOS, unk: str = UNK, lower_case: bool = False,
+                    punctuation: bool = False) -> str:
     """The vocabulary file's text: every id's word in id order, which of them ends a line and which stands for an
-    unknown word, and whether text is lower-cased before the look-up."""
-    return json.dumps({"format": VOCABULARY_FORMAT, "eos": eos, "unk": unk, "lower_case": lower_case,
+    unknown word, whether text is lower-cased before the look-up, and (only when true, so that a file without it
+    keeps its text) whether punctuation marks are split off as words of their own."""
+    split = {"punctuation": True} if punctuation else {}
+    return json.dumps({"format": VOCABULARY_FORMAT, "eos": eos, "unk": unk, "lower_case": lower_case, **split,
                        "words": words}, ensure_ascii=False)
 
 
@@ -61,6 +64,8 @@ def read_vocabulary(text: str, setting: str) -> dict[str, Any]:
             raise DataError(f"{setting}: its {key} symbol {vocab.get(key)!r} is not one of its words")
     if not isinstance(vocab.get("lower_case"), bool):
         raise DataError(f"{setting}: lower_case must be true or false")
+    if not isinstance(vocab.setdefault("punctuation", False), bool):
+        raise DataError(f"{setting}: punctuation must be true or false")
     return vocab
 
 
@@ -72,7 +77,8 @@ class WordTokenizer:
     ``max_size`` caps the number of words kept (the two special symbols are not counted). From ``file``: the ids,
     symbols and case rule of that vocabulary, nothing fitted. Encoding is the original's: every line (an empty one
     too) is lower-cased if the vocabulary says so, split on whitespace and closed by the end-of-line symbol;
-    ``punctuation`` (fitted vocabularies only) also splits each punctuation mark off as a word of its own.
+    ``punctuation`` (set when fitting; a vocabulary file says it of its own words) also splits each punctuation
+    mark off as a word of its own.
     """
 
     name: ClassVar[str] = "word"
@@ -102,6 +108,7 @@ class WordTokenizer:
         else:
             v = self.vocabulary
             self._set_words(list(v["words"]), v["eos"], v["unk"], v["lower_case"])
+            self.punctuation = v.get("punctuation", False)  # the file says how its words were split
 
     def _set_words(self, itos: list[str], eos: str, unk: str, lower_case: bool) -> None:
         self.itos = itos
@@ -189,7 +196,7 @@ class WordTokenizer:
 
     def _vocabulary_text(self) -> str:
         v = self.vocabulary
-        return vocabulary_json(v["words"], v["eos"], v["unk"], v["lower_case"])
+        return vocabulary_json(v["words"], v["eos"], v["unk"], v["lower_case"], v.get("punctuation", False))
 
     def to_dict(self) -> dict[str, Any]:
         if self.vocabulary is not None:

@@ -95,7 +95,8 @@ def tokenizer_files(tokenizer: Tokenizer) -> tuple[dict[str, Any], dict[str, str
     if isinstance(tokenizer, CharTokenizer):
         return {"name": "char", "chars": "".join(tokenizer.chars)}, {}
     if isinstance(tokenizer, WordTokenizer):
-        text = vocabulary_json(tokenizer.itos, tokenizer.eos, tokenizer.unk, tokenizer.lower_case)
+        text = vocabulary_json(tokenizer.itos, tokenizer.eos, tokenizer.unk, tokenizer.lower_case,
+                               tokenizer.punctuation)
         return {"name": "word"}, {TOKENIZER_FILES["word"]: text}
     if isinstance(tokenizer, SubwordTokenizer):
         return ({"name": tokenizer.name, "special_tokens": list(tokenizer.special_tokens)},

@@ -54,6 +54,28 @@ def test_the_punctuation_setting_is_kept_fingerprinted_and_checked(tmp_path):
         WordTokenizer(file=path, punctuation=True)
 
 
+def test_a_shared_punctuation_vocabulary_reads_back_splitting_as_it_was_fitted(tmp_path):
+    """xl.export writes a run's word vocabulary as a file that xl.convert, the hub and data.tokenizer_file read: a
+    vocabulary fitted with punctuation marks as words says so in its file, and reads back giving the same ids."""
+    from xl.hub.files import tokenizer_files
+
+    fitted = WordTokenizer(punctuation=True)
+    fitted.fit(["John went to the kitchen.\nQuestion: Where is John?\nkitchen\n"])
+    (text,) = tokenizer_files(fitted)[1].values()
+    (tmp_path / "vocab.json").write_text(text)
+    read = WordTokenizer(file=tmp_path / "vocab.json")
+    story = "John went to the kitchen.\nQuestion: Where is John?\n"
+    assert read.punctuation and read.unk_id not in read.encode(story)
+    assert list(read.encode(story)) == list(fitted.encode(story))
+    assert WordTokenizer.from_dict(read.to_dict()).key() == read.key()
+    # A vocabulary file written without the key (every file before it) keeps its text, so its fingerprint.
+    plain = WordTokenizer()
+    plain.fit(["a b c\n"])
+    (plain_text,) = tokenizer_files(plain)[1].values()
+    (tmp_path / "plain.json").write_text(plain_text)
+    assert "punctuation" not in plain_text and not WordTokenizer(file=tmp_path / "plain.json").punctuation
+
+
 @pytest.mark.parametrize("task,questions", [("qa1", "all"), ("qa2", "all"), ("qa3", "all"), ("qa1", "every"),
                                             ("qa1", "end")])
 def test_a_story_that_keeps_its_questions_answers_each_from_the_facts_before_it(task, questions):
