@@ -98,8 +98,12 @@ class TransformerXL(nn.Module):
         # The memory variant (xl.memory) and its own weights (the compressive memory's compressor), registered after
         # every other module, so that a seed gives the same main weights with any memory.
         self.memory = config.memory.memory(config)
-        for name, module in self.memory.build().items():
+        built = self.memory.build()
+        for name, module in built.items():
             self.add_module(name, module)
+        #: The names of the modules that hold the memory's own weights (a fine-tune from a run with another memory
+        #: starts them fresh: xl.training.checkpoints.init_from).
+        self.memory_modules: tuple[str, ...] = tuple(built)
         # Position tables and masks depend only on lengths: built once per shape, not per step.
         # Bounded: training and segment evaluation use a handful of shapes while the memory fills, but a
         # caller that varies the length every call (the vanilla baseline's growing window) must not keep them all.

@@ -116,3 +116,51 @@ def test_a_run_trained_with_a_tokenizer_file_fine_tunes_on_other_text(tmp_path, 
     assert "shape is the checkpoint's" not in caplog.text
     tuned.trainer.fit(tuned.module, datamodule=tuned.datamodule)
     assert tuned.trainer.global_step == 2
+
+
+@pytest.mark.parametrize("memory", ["tokens", "knn", "compressive"])
+def test_a_run_with_another_memory_starts_from_the_weights_and_its_memory_fresh(tmp_path, corpus, caplog, memory):
+    """As the Recurrent Memory Transformer adds memory tokens to a trained model: init_from a run with the plain
+    cache into a run with a memory that has weights of its own. The model's weights are the checkpoint's, the
+    memory's own are those a fresh run of the same seed draws; the other way, the memory's own are left out."""
+    from tests.conftest import tiny_overrides
+
+    base = [*tiny_overrides(tmp_path, corpus), "trainer.max_steps=2", "test=false", "seed=3"]
+    first = build_run(compose_config(*base))
+    first.trainer.fit(first.module, datamodule=first.datamodule)
+    saved = Checkpoint.open(tmp_path / "run").model_weights()
+
+    other = [f"memory={memory}", "memory.mem_len=16"] + (["memory.knn_size=64"] if memory == "knn" else [])
+    fresh = build_run(compose_config(*base, *other, f"paths.output_dir={tmp_path / 'fresh'}")).module.model
+    tuned = build_run(compose_config(*base, *other, f"init_from={tmp_path / 'run'}",
+                                     f"paths.output_dir={tmp_path / 'tuned'}"))
+    weights = tuned.module.model.state_dict()
+    own = [k for k in weights if k.split(".", 1)[0] in tuned.module.model.memory_modules]
+    assert own and set(weights) == set(saved) | set(own) and not set(own) & set(saved)
+    assert all(torch.equal(weights[k], saved[k]) for k in saved)
+    assert all(torch.equal(weights[k], fresh.state_dict()[k]) for k in own)
+    assert f"its own weights start fresh: {', '.join(sorted(own))}" in caplog.text
+    tuned.trainer.fit(tuned.module, datamodule=tuned.datamodule)  # it trains, and writes its own checkpoint
+    assert tuned.trainer.global_step == 2
+
+    back = build_run(compose_config(*base, f"init_from={tmp_path / 'tuned'}", f"paths.output_dir={tmp_path / 'back'}"))
+    tuned_weights = Checkpoint.open(tmp_path / "tuned").model_weights()
+    assert set(back.module.model.state_dict()) == set(saved)
+    assert all(torch.equal(v, tuned_weights[k]) for k, v in back.module.model.state_dict().items())
+    assert "the checkpoint's memory weights are left out: " + ", ".join(sorted(own)) in caplog.text
+
+
+def test_a_missing_weight_of_the_model_itself_is_still_refused(tmp_path, corpus):
+    from tests.conftest import tiny_overrides
+
+    base = [*tiny_overrides(tmp_path, corpus), "trainer.max_steps=1", "test=false"]
+    first = build_run(compose_config(*base))
+    first.trainer.fit(first.module, datamodule=first.datamodule)
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    state = torch.load(ckpt, weights_only=False)
+    del state["state_dict"]["model.layers.0.attn.r_w_bias"]
+    torch.save(state, tmp_path / "edited.ckpt")
+    with pytest.raises(CheckpointError, match=r"init_from=.* holds weights that do not fit this model: "
+                                              r"layers\.0\.attn\.r_w_bias is missing"):
+        build_run(compose_config(*base, "memory=tokens", f"init_from={tmp_path / 'edited.ckpt'}",
+                                 f"paths.output_dir={tmp_path / 'other'}"))

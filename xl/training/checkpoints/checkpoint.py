@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,12 +184,15 @@ class Checkpoint:
                 "to what the model was trained on"
             )
 
-    def check_weights(self, model: torch.nn.Module, setting: str = "ckpt") -> None:
+    def check_weights(self, model: torch.nn.Module, setting: str = "ckpt",
+                      saved: dict[str, torch.Tensor] | None = None, fresh: Iterable[str] = ()) -> None:
         """Refuse, before any work, weights that do not fit ``model`` (a TransformerXL): a tensor missing, one the
         model does not have, or one of another shape (a file edited by hand, or from another version of a module).
-        The config checks catch a different shape setting; this catches everything else in one sentence."""
-        saved, wanted = self.model_weights(), model.state_dict()
-        problems = [f"{k} is missing" for k in wanted if k not in saved]
+        The config checks catch a different shape setting; this catches everything else in one sentence.
+        ``saved``: the weights to check (the checkpoint's by default); ``fresh``: the model's weights that may be
+        missing (they keep their initial values)."""
+        saved, wanted, fresh = (self.model_weights() if saved is None else saved), model.state_dict(), set(fresh)
+        problems = [f"{k} is missing" for k in wanted if k not in saved and k not in fresh]
         problems += [f"{k} is not a weight of this model" for k in saved if k not in wanted]
         problems += [f"{k} has shape {list(saved[k].shape)} (this model: {list(v.shape)})"
                      for k, v in wanted.items() if k in saved and saved[k].shape != v.shape]

@@ -3,7 +3,8 @@
 ``init_from`` is a run folder or checkpoint of ours, or a folder ``python -m xl.convert`` wrote. Its model shape
 (layers, widths, heads, the adaptive clusters and what they share) is the new run's: it replaces the model group's
 values (a line says which), and a shape setting given on the command line (``model.X=…``) that differs from the
-checkpoint's is refused in one sentence. Everything else is the new run's own: dropout, the memory and evaluation
+checkpoint's is refused in one sentence. Everything else is the new run's own: dropout, the memory (weights of its
+own that the checkpoint lacks keep their initial values; the checkpoint's memory's own are left out), the evaluation
 context, the optimizer and its schedule (fresh), the data position (the start of the corpus), the run folder. The data
 must give the checkpoint's tokenizer (for a converted model: ``data.tokenizer=word data.tokenizer_file=RUN/vocab.json``)
 or the run is refused before any training step. A run that continues (``ckpt_path``, or a requeued job) starts from
@@ -80,7 +81,22 @@ def check_data(checkpoint: Checkpoint | None, datamodule: Any) -> None:
 
 
 def load_weights(checkpoint: Checkpoint | None, module: Any) -> None:
-    """Copy the checkpoint's weights into ``module.model``, every tensor checked first."""
-    if checkpoint is not None:
-        checkpoint.check_weights(module.model, SETTING)
-        module.model.load_state_dict(checkpoint.model_weights())
+    """Copy the checkpoint's weights into ``module.model``, every tensor checked first. The memory is the new run's:
+    weights of its own that the checkpoint lacks (a run with another memory) keep this run's initial values, as the
+    Recurrent Memory Transformer adds its memory tokens to a trained model; weights of the checkpoint's memory under
+    a module this model lacks are left out. A line says which."""
+    if checkpoint is None:
+        return
+    model = module.model
+    saved, wanted = checkpoint.model_weights(), model.state_dict()
+    children = {name for name, _ in model.named_children()}
+    left_out = sorted(k for k in saved if k.split(".", 1)[0] not in children)
+    fresh = sorted(k for k in wanted if k.split(".", 1)[0] in model.memory_modules and k not in saved)
+    weights = {k: v for k, v in saved.items() if k not in left_out}
+    checkpoint.check_weights(model, SETTING, weights, fresh)
+    model.load_state_dict({**weights, **{k: wanted[k] for k in fresh}})
+    if fresh or left_out:
+        log.warning("%s=%s: the memory is this run's (%s)", SETTING, checkpoint.path, "; ".join(
+            part for part in (fresh and f"its own weights start fresh: {', '.join(fresh)}",
+                              left_out and f"the checkpoint's memory weights are left out: {', '.join(left_out)}")
+            if part))
