@@ -319,3 +319,42 @@ def test_cells_of_other_settings_are_never_mixed_in(qa1_run, tmp_path, monkeypat
     assert str(stop.value.code) == (f"error: {out / 'results.json'} holds another scoring (seed: 0, not 1); rerun it "
                                     f"with its own settings or set hydra.run.dir to another folder")
     assert (out / "results.json").read_text() == before
+
+
+def test_a_study_tables_scorings_by_memory_over_seeds_against_the_rules(qa1_run, tmp_path, monkeypatch, capsys):
+    """python -m xl.babilong.study: each memory's row is its scorings' mean and each seed's accuracy, counted above
+    the best rule by the margin, the rules once; scorings of other samples or unfinished ones are refused."""
+    from xl.babilong import study
+
+    a, b, c = (scored(qa1_run, tmp_path / name, monkeypatch, *extra)
+               for name, extra in (("a", ()), ("b", ("mem_len=8",)), ("c", ("mem_len=32",))))
+    capsys.readouterr()
+    study.main(["cache=" + ",".join(str(tmp_path / n) for n in "ac"), f"none={tmp_path / 'b'}",
+                "--out", str(tmp_path / "study")])
+    values = json.loads((tmp_path / "study" / "study.json").read_text())
+    assert [(r["memory"], r["task"]) for r in values["rows"]] == [("cache", "qa1"), ("cache", "qa4"),
+                                                                   ("none", "qa1"), ("none", "qa4")]
+    for row, scorings in zip(values["rows"], ([a, c], [a, c], [b], [b]), strict=True):
+        expected_seeds = [[100 * s["accuracy"][row["task"]][n] for n in ("0", "300")] for s in scorings]
+        assert row["seeds"] == expected_seeds
+        assert row["mean"] == pytest.approx([sum(x) / len(x) for x in zip(*expected_seeds)])
+        best = [max(100 * a["baselines"][row["task"]][r][n] for r in RULES) for n in ("0", "300")]
+        assert row["above"] == [sum(s[i] > best[i] + study.MARGIN for s in expected_seeds) for i in range(2)]
+    table = (tmp_path / "study" / "study.md").read_text()
+    assert table.splitlines()[0] == "| memory | task | seeds | 0 | 300 |"
+    assert f"| none | qa1 | 1 | {values['rows'][2]['mean'][0]:.0f} (" in table and "| rule: last named | qa1 |" in table
+    assert table.strip() in capsys.readouterr().out
+    assert png_size(tmp_path / "study" / "heatmap.png")[0] > png_size(tmp_path / "a" / "heatmap.png")[0]
+
+    other = scored(qa1_run, tmp_path / "d", monkeypatch, "samples=3")
+    assert other["samples"] == 3
+    with pytest.raises(SystemExit, match=r"d read other samples than .*a \(samples differs\); score every run"):
+        study.main([f"cache={tmp_path / 'a'}", f"none={tmp_path / 'd'}", "--out", str(tmp_path / "refused")])
+    unfinished = json.loads((tmp_path / "a" / "results.json").read_text()) | {"complete": False}
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "results.json").write_text(json.dumps(unfinished))
+    with pytest.raises(SystemExit, match=r"e is an incomplete scoring; finish it"):
+        study.main([f"cache={tmp_path / 'e'}", "--out", str(tmp_path / "refused")])
+    with pytest.raises(SystemExit, match=r"'cache': give each memory once as NAME=SCORING"):
+        study.main(["cache", "--out", str(tmp_path / "refused")])
+    assert not (tmp_path / "refused").exists()  # nothing written for a refused study
