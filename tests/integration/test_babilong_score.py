@@ -337,7 +337,7 @@ def test_a_study_tables_scorings_by_memory_over_seeds_against_the_rules(qa1_run,
     for row, scorings in zip(values["rows"], ([a, c], [a, c], [b], [b]), strict=True):
         expected_seeds = [[100 * s["accuracy"][row["task"]][n] for n in ("0", "300")] for s in scorings]
         assert row["seeds"] == expected_seeds
-        assert row["mean"] == pytest.approx([sum(x) / len(x) for x in zip(*expected_seeds)])
+        assert row["mean"] == pytest.approx([sum(x) / len(x) for x in zip(*expected_seeds, strict=True)])
         best = [max(100 * a["baselines"][row["task"]][r][n] for r in RULES) for n in ("0", "300")]
         assert row["above"] == [sum(s[i] > best[i] + study.MARGIN for s in expected_seeds) for i in range(2)]
     table = (tmp_path / "study" / "study.md").read_text()
