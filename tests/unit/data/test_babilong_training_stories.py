@@ -176,6 +176,35 @@ def test_kept_questions_change_the_train_split_only_and_score_every_answer(tmp_p
         [t.tolist() for t in b[:2]] for _, b in zip(range(10), again.train_dataloader(), strict=False)]
 
 
+def test_end_at_a_length_asks_every_question_after_the_hidden_facts_and_scores_each(tmp_path):
+    """data.train_questions=end at data.length above 0: the facts hidden in background as in BABILong's samples,
+    then every question in turn, each answered from all the facts; val and test keep one question at the end."""
+    from itertools import islice
+
+    last = data(tmp_path / "last", tasks=["qa1"], length=300, train_samples=STREAM)
+    end = data(tmp_path / "end", tasks=["qa1"], length=300, train_samples=STREAM, train_questions="end")
+    for split in ("val", "test"):
+        assert list(last.source.samples(split)) == list(end.source.samples(split))
+    asked = 0
+    for sample in islice(end.source.samples("train"), 100):
+        story, pieces = sample.story, sample.pieces()
+        context = pieces[0][0].removesuffix(f"Question: {story.asked[0][1]}\n") if story.asked else sample.context
+        at = 0
+        for fact in story.facts:  # each fact in order (index raises if one is missing)
+            at = context.index(fact, at) + len(fact)
+        assert 250 < len(end.tokenizer.encode(context)) <= 300  # hidden in background
+        questions = [*story.asked, (len(story.facts), story.question, story.answer)]
+        assert [text for text, _ in pieces[1:]] == [t for _, q, a in questions
+                                                   for t in (f"Question: {q}\n", f"{a}\n")][1:]
+        assert all(solve(list(story.facts), q) == a for _, q, a in questions)
+        asked += len(questions)
+    assert asked > 250  # about every actor who moved: three on average
+    batches = {name: [b for _, b in zip(range(20), dm.train_dataloader(), strict=False)]
+               for name, dm in (("last", last), ("end", end))}
+    scored = {name: sum(int((b[1] != -100).sum()) for b in got) for name, got in batches.items()}
+    assert scored["end"] > 2 * scored["last"]
+
+
 def test_val_most_questions_caps_the_validation_stories_alone(tmp_path):
     """A validation story of qa1 cut at its first question is two moves long; test keeps BABILong's whole stories and
     training is unchanged; the cache is another."""
@@ -188,10 +217,9 @@ def test_val_most_questions_caps_the_validation_stories_alone(tmp_path):
     assert short.cache.folder != whole.cache.folder
 
 
-def test_kept_questions_are_written_at_length_0_only():
+def test_questions_between_the_facts_are_written_at_length_0_only():
     for settings, message in (({"length": "1k", "train_questions": "all"}, "data.length=0"),
                               ({"length": "1k", "train_questions": "every"}, "data.length=0"),
-                              ({"length": "1k", "train_questions": "end"}, "data.length=0"),
                               ({"length": 0, "train_questions": "some"}, "data.train_questions"),
                               ({"length": 0, "train_most_questions": 6}, "data.train_most_questions"),
                               ({"length": 0, "train_most_questions": 0}, "data.train_most_questions"),

@@ -150,9 +150,9 @@ class BabilongDataModule(SegmentDataModule):
         for key, most in (("train_most_questions", train_most_questions), ("val_most_questions", val_most_questions)):
             if not isinstance(most, int) or not 1 <= most <= QUESTIONS_PER_STORY:
                 raise DataError(f"data.{key} must be a whole number from 1 to {QUESTIONS_PER_STORY}, got {most!r}")
-        if questions != "last" and tokens != 0:
-            raise DataError(f"data.train_questions={questions} writes a training story's questions at data.length=0 "
-                            "only; set data.length=0 or data.train_questions=last")
+        if questions in ("all", "every") and tokens != 0:
+            raise DataError(f"data.train_questions={questions} writes questions between a story's facts at "
+                            "data.length=0 only; set data.length=0, or data.train_questions=last or end")
         if kwargs.get("doc_sep") is not None:
             raise DataError("data.doc_sep does not apply to data=babilong, whose samples are its documents; "
                             "set data.doc_sep=null")

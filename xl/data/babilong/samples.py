@@ -90,9 +90,9 @@ def hide(story: Story, length: int, background: Sentences, count: Callable[[str]
             return _with_questions(story, count)
         context = " ".join(facts) + "\n"
         return Sample(story, context, count(context), 0)
-    if story.asked:
-        raise DataError("a training story's earlier questions (data.train_questions=all) are written at data.length=0 "
-                        "only; set data.length=0 or data.train_questions=last")
+    if any(n < len(facts) for n, _, _ in story.asked):
+        raise DataError("a training story's questions between its facts (data.train_questions=all or every) are "
+                        "written at data.length=0 only; set data.length=0, or data.train_questions=last or end")
     newline = count("\n")
     reserve = sum(count(f + "\n") for f in facts) + newline  # the most the facts and a closing line end can take
     if reserve > length:
@@ -120,7 +120,13 @@ def hide(story: Story, length: int, background: Sentences, count: Callable[[str]
     if not pieces[-1][0].endswith("\n"):
         pieces.append(("\n", newline))
         tokens += newline
-    return Sample(story, "".join(text for text, _ in pieces), tokens, background.peek()[1])
+    context = "".join(text for text, _ in pieces)
+    if story.asked:  # questions after all the facts (data.train_questions=end): the context, then each in turn
+        earlier = [(f"Question: {question}\n", f"{answer}\n") for _, question, answer in story.asked]
+        tokens += sum(count(t) for pair in earlier for t in pair)
+        earlier[0] = (context + earlier[0][0], earlier[0][1])
+        return Sample(story, "", tokens, background.peek()[1], tuple(earlier))
+    return Sample(story, context, tokens, background.peek()[1])
 
 
 def _with_questions(story: Story, count: Callable[[str], int]) -> Sample:
