@@ -160,7 +160,7 @@ class BabilongDataSchema(DataSchema):
                                    help="last: one question ends each training story (BABILong's); all: every question "
                                         "of the story answered in turn, bAbI's format; every: qa1 asks about every "
                                         "actor at each question's place; end: qa1 asks about every actor once, after "
-                                        "all the facts (at any length; all and every at length 0; val and test keep one)")
+                                        "all the facts (any length; all and every: length 0; val and test keep one)")
     train_most_questions: int = setting(5, bound=Bound("a whole number from 1 to 5",
                                                        lambda v: is_int(v) and 1 <= v <= 5),
                                         help="a training story runs to its k-th question, k from 1 to this (bAbI's "
