@@ -21,7 +21,8 @@ PAPER = [("enwik8_base", 256, 41e6), ("enwik8_large", 256, 277e6), ("text8_large
 
 def test_every_experiment_is_listed():
     listed = {name for name, *_ in PAPER} | {"wt103_large", "enwik8_compressive", "wt103_published", "babilong",
-                                               "babilong_curriculum", "babilong_facts", "babilong_bind"}
+                                               "babilong_curriculum", "babilong_facts", "babilong_bind",
+                                               "babilong_long"}
     assert {p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")} == listed
 
 
@@ -139,4 +140,14 @@ def test_babilong_bind_and_its_variants_are_the_measured_commands(shown, measure
     """experiment=babilong_bind, and with the overrides docs/babilong.md shows for each earlier recipe, composes to the
     config of the command whose runs that page reports (experiment=babilong_facts with explicit settings)."""
     assert OmegaConf.to_container(compose_config("experiment=babilong_bind", *shown)) == OmegaConf.to_container(
+        compose_config(*measured))
+
+
+def test_babilong_long_is_the_measured_command_of_the_study():
+    """experiment=babilong_long with a start and a memory composes to the command the study's runs used."""
+    start = ("init_from=runs/start", "data.tokenizer_file=runs/start/vocab.json", "memory=knn",
+             "memory.knn_size=16384", "memory.mem_len=192", "seed=2")
+    measured = ("experiment=babilong_bind", *start, "data.tokenizer_kwargs=null", "data.train_questions=end",
+                "curriculum=[{length:256,steps:1000},{length:512,steps:1000},{length:1k}]", "trainer.max_steps=3000")
+    assert OmegaConf.to_container(compose_config("experiment=babilong_long", *start)) == OmegaConf.to_container(
         compose_config(*measured))
