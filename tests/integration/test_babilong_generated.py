@@ -1,5 +1,5 @@
 """data.train_samples=stream through the real Trainer: a run stopped mid-epoch and resumed from its checkpoint trains
-on the very samples, with the very losses and weights, of the unbroken run; experiment=babilong trains on it."""
+on the very samples, with the very losses and weights, of the unbroken run; experiment=babilong_bytes trains on it."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def test_a_stream_resumed_mid_epoch_goes_on_as_the_unbroken_run(tmp_path):
 def test_the_babilong_experiment_trains_on_a_stream(tmp_path, monkeypatch):
     monkeypatch.setenv("XL_CACHE_DIR", str(tmp_path / "cache"))
     run_hydra_main(train.main, [
-        "train.py", "experiment=babilong", "data.train_samples=stream", "data.eval_samples=6", "trainer.max_steps=3",
-        "trainer.val_check_interval=3", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
+        "train.py", "experiment=babilong_bytes", "data.train_samples=stream", "data.eval_samples=6",
+        "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2",
         "trainer.num_sanity_val_steps=0", "callbacks.progress_bar.refresh_rate=0", "logger=none",
         f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch)
     results = json.loads((tmp_path / "run" / "results.json").read_text())

@@ -97,24 +97,24 @@ SKIP = {
     "python -m xl.probe --mem-lens 0 32 --seeds 1 2 3 4 5":
         "ten trainings; the probe's default command runs",
     # research runs of docs/babilong.md's table against the recency shortcut (10 to 45 minutes each)
-    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "python train.py experiment=babilong_bytes data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
     "data.train_samples=stream trainer.limit_train_batches=100000 trainer.max_steps=2000 "
     "precision=32-true hydra.run.dir=runs/recipe/words":
         "a research training of 10 to 45 minutes; the settings' own command above it runs",
-    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "python train.py experiment=babilong_bytes data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
     "data.train_samples=stream data.train_questions=all trainer.limit_train_batches=100000 "
     "trainer.max_steps=2000 precision=32-true hydra.run.dir=runs/recipe/all":
         "a research training of 10 to 45 minutes; the settings' own command above it runs",
-    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "python train.py experiment=babilong_bytes data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
     "data.train_samples=stream data.train_questions=all memory=none data.tgt_len=128 "
     "trainer.limit_train_batches=100000 trainer.max_steps=2000 precision=32-true "
     "hydra.run.dir=runs/recipe/all-none-128":
         "a research training of 10 to 45 minutes; the settings' own command above it runs",
-    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "python train.py experiment=babilong_bytes data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
     "data.train_samples=stream data.train_questions=every trainer.limit_train_batches=100000 "
     "trainer.max_steps=3000 precision=32-true hydra.run.dir=runs/recipe/every":
         "a research training of 10 to 45 minutes; the settings' own command above it runs",
-    "python train.py experiment=babilong data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
+    "python train.py experiment=babilong_bytes data.tokenizer=word +data.tokenizer_kwargs.punctuation=true "
     "data.train_samples=stream data.train_questions=every model.pre_lnorm=true optim.lr=2e-3 "
     "optim.warmup_steps=500 trainer.limit_train_batches=100000 trainer.max_steps=6000 precision=32-true "
     "hydra.run.dir=runs/recipe/every-prenorm":
@@ -160,24 +160,26 @@ SKIP = {
         "a research training of 40 minutes; the settings' own command above it runs",
     "python -m xl.babilong ckpt=runs/recipe/facts-long tasks=[qa1] lengths=[0] samples=200 logger=none":
         "scores a research training that is skipped",
-    **{f"python train.py experiment=babilong_bind seed={n} logger=csv hydra.run.dir=runs/recipe/end-{n}":
+    **{f"python train.py experiment=babilong seed={n} logger=csv hydra.run.dir=runs/recipe/end-{n}":
        "a research training of 31 to 35 minutes; the settings' own command above it runs" for n in (1, 2, 3)},
-    "python train.py experiment=babilong_bind data.train_questions=every seed=1 logger=csv "
+    "python train.py experiment=babilong data.train_questions=every seed=1 logger=csv "
     "hydra.run.dir=runs/recipe/every-staged-1":
         "a research training of 31 minutes; the settings' own command above it runs",
-    **{f"python train.py experiment=babilong_bind data.train_questions=every {BIND_ONE_STAGE} seed={n} logger=csv "
+    **{f"python train.py experiment=babilong data.train_questions=every {BIND_ONE_STAGE} seed={n} logger=csv "
        f"hydra.run.dir=runs/recipe/wide-{n}":
        "a research training of 42 minutes; the settings' own command above it runs" for n in (1, 2)},
-    **{f"python train.py experiment=babilong_bind model.init_std=0.07 data.train_questions=every {BIND_ONE_STAGE} "
+    **{f"python train.py experiment=babilong model.init_std=0.07 data.train_questions=every {BIND_ONE_STAGE} "
        f"seed={n} logger=csv hydra.run.dir=runs/recipe/bind-{n}":
        "a research training of 35 minutes; the settings' own command above it runs" for n in (1, 2, 3)},
-    "python train.py experiment=babilong_bind data.tasks=[qa2] seed=1 logger=csv hydra.run.dir=runs/recipe/qa2-1":
+    "python train.py experiment=babilong data.tasks=[qa2] seed=1 logger=csv hydra.run.dir=runs/recipe/qa2-1":
         "a research training of 45 minutes; the settings' own command above it runs",
     "python -m xl.babilong ckpt=runs/recipe/qa2-1/checkpoints/last.ckpt tasks=[qa2] lengths=[0] samples=200 "
     "logger=none":
         "scores a research training that is skipped",
     "python -m xl.babilong ckpt=runs/recipe/end-1 tasks=[qa1] lengths=[0] samples=200 logger=none":
         "scores a research training that is skipped",
+    "python -m xl.babilong.study none=runs/none-1-score,runs/none-2-score cache=runs/cache-1-score --out runs/table":
+        "tables scorings that this docstring does not make; docs/babilong.md's study block runs the command",
     "python -m xl.babilong ckpt=runs/recipe/facts-up-to-4 tasks=[qa1] lengths=[0] samples=200 logger=none":
         "scores a research training that is skipped",
     # downloads and accounts
@@ -225,6 +227,7 @@ SCALE = {
     "xl.evaluate": ["data.batch_size=2", "trainer.limit_val_batches=10", "trainer.limit_test_batches=10"],
     "xl.generate": ["max_new_tokens=4"],
     "xl.babilong": ["samples=2", "batch_size=2", "max_new_tokens=3", "seg_len=512"],
+    "xl.babilong.study": [],
     "xl.probe": ["--steps", "2", "--distances", "4", "16"],
     "xl.footprint": [],
     "xl.convert": [],
@@ -251,14 +254,17 @@ SCALE_FRONT = {  # put before the command's own arguments: its parser takes Hydr
 SCALE_IF = {  # appended when the command selects what the key names
     "hydra/sweeper=optuna_mem": ["hydra.sweeper.n_trials=2"],
     "data=babilong": ["data.train_samples=24", "data.eval_samples=4"],
-    "experiment=babilong": ["data.train_samples=24", "data.eval_samples=4", "model.n_layer=2", "model.d_model=32",
+    "experiment=babilong_bytes": ["data.train_samples=24", "data.eval_samples=4", "model.n_layer=2", "model.d_model=32",
                             "model.n_head=2", "model.d_head=16", "model.d_inner=64", "memory.mem_len=16"],
     "experiment=babilong_facts": ["data.eval_samples=4", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
                                   "model.d_head=16", "model.d_inner=64", "memory.mem_len=16",
                                   "trainer.limit_train_batches=2"],
-    "experiment=babilong_bind": ["data.eval_samples=4", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
+    "experiment=babilong": ["data.eval_samples=4", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
                              "model.d_head=16", "model.d_inner=64", "memory.mem_len=16",
                              "trainer.limit_train_batches=2"],
+    "experiment=babilong_long": ["data.eval_samples=4", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
+                                 "model.d_head=16", "model.d_inner=64", "memory.mem_len=16",
+                                 "trainer.limit_train_batches=2"],
     "experiment=babilong_curriculum": ["data.eval_samples=4", "model.n_layer=2", "model.d_model=32", "model.n_head=2",
                                        "model.d_head=16", "model.d_inner=64", "memory.mem_len=16",
                                        "trainer.limit_train_batches=2"],

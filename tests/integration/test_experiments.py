@@ -21,7 +21,7 @@ PAPER = [("enwik8_base", 256, 41e6), ("enwik8_large", 256, 277e6), ("text8_large
 
 def test_every_experiment_is_listed():
     listed = {name for name, *_ in PAPER} | {"wt103_large", "enwik8_compressive", "wt103_published", "babilong",
-                                               "babilong_curriculum", "babilong_facts", "babilong_bind",
+                                               "babilong_curriculum", "babilong_facts", "babilong_bytes",
                                                "babilong_long"}
     assert {p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")} == listed
 
@@ -95,12 +95,12 @@ def test_enwik8_compressive_is_enwik8_large_with_the_papers_memories():
     ("tokens", "xl.memory.tokens.TokensConfig", 128),
 ])
 def test_a_memory_chosen_beside_the_babilong_experiment_replaces_its_memory_whole(memory, target, mem_len):
-    """experiment=babilong memory=none trained with the experiment's 192 positions of memory: the experiment's
+    """experiment=babilong_bytes memory=none trained with the experiment's 192 positions of memory: the experiment's
     memory is a memory option now, which a memory on the command line replaces, in whichever order they come."""
     from xl.config.compose import compose
 
     chosen = [f"memory={memory}"] if memory else []
-    for overrides in (["experiment=babilong", *chosen], [*chosen, "experiment=babilong"]):
+    for overrides in (["experiment=babilong_bytes", *chosen], [*chosen, "experiment=babilong_bytes"]):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # nothing of the memory is kept over the choice
             cfg = compose("config", overrides)
@@ -136,10 +136,10 @@ STAGES = ("curriculum=[{length:0,train_most_questions:1,val_most_questions:1,ste
     (("model.init_std=0.07", "data.train_questions=every", *ONE_STAGE), (*BIND, "model.init_std=0.07", *ONE_STAGE)),
     (("data.train_questions=every", *ONE_STAGE), (*BIND, "model.init_std=0.1", *ONE_STAGE)),
 ])
-def test_babilong_bind_and_its_variants_are_the_measured_commands(shown, measured):
-    """experiment=babilong_bind, and with the overrides docs/babilong.md shows for each earlier recipe, composes to the
+def test_babilong_and_its_variants_are_the_measured_commands(shown, measured):
+    """experiment=babilong, and with the overrides docs/babilong.md shows for each earlier recipe, composes to the
     config of the command whose runs that page reports (experiment=babilong_facts with explicit settings)."""
-    assert OmegaConf.to_container(compose_config("experiment=babilong_bind", *shown)) == OmegaConf.to_container(
+    assert OmegaConf.to_container(compose_config("experiment=babilong", *shown)) == OmegaConf.to_container(
         compose_config(*measured))
 
 
@@ -147,7 +147,28 @@ def test_babilong_long_is_the_measured_command_of_the_study():
     """experiment=babilong_long with a start and a memory composes to the command the study's runs used."""
     start = ("init_from=runs/start", "data.tokenizer_file=runs/start/vocab.json", "memory=knn",
              "memory.knn_size=16384", "memory.mem_len=192", "seed=2")
-    measured = ("experiment=babilong_bind", *start, "data.tokenizer_kwargs=null", "data.train_questions=end",
+    measured = ("experiment=babilong", *start, "data.tokenizer_kwargs=null", "data.train_questions=end",
                 "curriculum=[{length:256,steps:1000},{length:512,steps:1000},{length:1k}]", "trainer.max_steps=3000")
     assert OmegaConf.to_container(compose_config("experiment=babilong_long", *start)) == OmegaConf.to_container(
         compose_config(*measured))
+
+
+def test_the_study_memories_compose_with_babilong_long_as_the_page_lists_them():
+    """docs/babilong.md's table of the study's memories: each row's overrides beside experiment=babilong_long compose,
+    pass the config rules, and select the row's memory with the numbers the row says it holds."""
+    from xl.config.rules import check_config
+
+    page = (CONF_DIR.parent / "docs" / "babilong.md").read_text()
+    table = page.split("The memories, each with the overrides of its runs:")[1].split("\n\n")[1]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[3:]]
+    kinds = {"none": "CacheConfig", "cache": "CacheConfig", "compressive": "CompressiveConfig",
+             "memory tokens": "TokensConfig", "retrieval": "KnnConfig"}
+    assert [r[0] for r in rows] == list(kinds)
+    for name, overrides, holds in rows:
+        cfg = compose_config("experiment=babilong_long", "init_from=runs/start",
+                             "data.tokenizer_file=runs/start/vocab.json", *overrides.strip("`").split())
+        check_config(cfg, shape=False)
+        assert cfg.memory._target_.endswith(kinds[name]) and (cfg.memory.mem_len == 0) == (name == "none"), name
+        for key in ("mem_len", "cmem_len", "knn_size", "num_tokens"):
+            if cfg.memory.get(key):
+                assert f"{cfg.memory[key]:,}" in holds, (name, key)

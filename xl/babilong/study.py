@@ -1,5 +1,5 @@
-"""A study's table: several scorings of ``python -m xl.babilong`` grouped by memory, each group the seeds of one
-memory, read against the rules that need no memory of the asked entity.
+"""A study's table: several scorings of the BABILong scorer (:mod:`xl.babilong.score`) grouped by memory, each group
+the seeds of one memory, read against the rules that need no memory of the asked entity.
 
     python -m xl.babilong.study none=runs/none-1-score,runs/none-2-score cache=runs/cache-1-score --out runs/table
 
@@ -35,7 +35,7 @@ def read_scoring(path: str | Path) -> dict[str, Any]:
     try:
         values = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
-        raise StudyError(f"{path} holds no results.json of python -m xl.babilong ({err.__class__.__name__}); "
+        raise StudyError(f"{path} holds no results.json of the BABILong scorer ({err.__class__.__name__}); "
                          "name a scoring's folder") from None
     if not values.get("complete", False):
         raise StudyError(f"{path} is an incomplete scoring; finish it (run its command again) or leave it out")

@@ -1,8 +1,8 @@
 """The BABILong scorer against the model's evaluation, speed and memory: ``python -m xl.bench.babilong``.
 
 Speed: one model with random weights (speed does not depend on them), by default the shape, segment length and memory
-of ``experiment=babilong`` (the run that docs/babilong.md scores), timed side by side in one process, the modes taking
-turns call by call so that a shared CPU slows them alike (the ratios are medians over the rounds), over ``--batch``
+of ``experiment=babilong_bytes`` (the byte-level run that docs/babilong.md scores), timed side by side in one
+process, the modes taking turns call by call so that a shared CPU slows them alike (the ratios are medians over the rounds), over ``--batch``
 rows of ``--length`` tokens of context:
 
 - ``evaluate``: :class:`xl.evaluation.Evaluator`'s test step, what ``python -m xl.evaluate`` runs under Lightning
@@ -152,7 +152,8 @@ def format_peaks(peaks: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m xl.bench.babilong", description=plain_text(__doc__.splitlines()[0]))
-    p.add_argument("--experiment", default="babilong", help="a conf/experiment overlay's model and segments, or S")
+    p.add_argument("--experiment", default="babilong_bytes",
+                   help="a conf/experiment overlay's model and segments, or S")
     p.add_argument("--length", default="2k", help="context length of the speed rounds, in tokens (1k = 1,000)")
     p.add_argument("--batch", type=int, default=8, help="rows read at once (the scorer's batch_size)")
     p.add_argument("--rounds", type=int, default=9,

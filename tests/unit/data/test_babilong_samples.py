@@ -208,7 +208,7 @@ def test_the_babilong_experiment_composes_and_passes_every_rule():
     from tests.conftest import compose_config
     from xl.config.rules import check_config
 
-    cfg = compose_config("experiment=babilong")
+    cfg = compose_config("experiment=babilong_bytes")
     check_config(cfg)
     assert (cfg.data._target_, list(cfg.data.tasks), cfg.data.loss) == ("xl.data.babilong.data.BabilongDataModule",
                                                                         ["qa1"], "answer")
