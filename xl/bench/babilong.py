@@ -2,8 +2,8 @@
 
 Speed: one model with random weights (speed does not depend on them), by default the shape, segment length and memory
 of ``experiment=babilong_bytes`` (the byte-level run that docs/babilong.md scores), timed side by side in one
-process, the modes taking turns call by call so that a shared CPU slows them alike (the ratios are medians over the rounds), over ``--batch``
-rows of ``--length`` tokens of context:
+process, the modes taking turns call by call so that a shared CPU slows them alike (the ratios are medians over the
+rounds), over ``--batch`` rows of ``--length`` tokens of context:
 
 - ``evaluate``: :class:`xl.evaluation.Evaluator`'s test step, what ``python -m xl.evaluate`` runs under Lightning
   (called here without the trainer, in inference mode as Lightning calls it): the model's forward with the memory
