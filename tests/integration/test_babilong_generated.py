@@ -46,8 +46,8 @@ def test_the_babilong_experiment_trains_on_a_stream(tmp_path, monkeypatch):
     run_hydra_main(train.main, [
         "train.py", "experiment=babilong_bytes", "data.train_samples=stream", "data.eval_samples=6",
         "trainer.max_steps=3", "trainer.val_check_interval=3", "trainer.limit_val_batches=2",
-        "trainer.limit_test_batches=2", "trainer.num_sanity_val_steps=0", "callbacks.progress_bar.refresh_rate=0", "logger=none",
-        f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch)
+        "trainer.limit_test_batches=2", "trainer.num_sanity_val_steps=0", "callbacks.progress_bar.refresh_rate=0",
+        "logger=none", f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["scored"] == "answer tokens only"
     saved = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
