@@ -11,7 +11,7 @@ from xl.bench.babilong import build, evaluate_stream, main, peak_of_one_cell
 
 
 def test_the_evaluation_timed_reads_its_stream_segment_by_segment_as_one_text():
-    evaluator, reader = build("babilong")
+    evaluator, reader = build("babilong_bytes")
     assert reader.model is evaluator.model
     width = evaluator.model.config.mem_len  # every token's context fits in the memory: one forward sees the same
     stream = torch.randint(0, 256, (2, width + 1), generator=torch.Generator().manual_seed(0))
@@ -35,7 +35,7 @@ def test_command_times_the_scorer_against_evaluation(capsys):
 
 
 def test_one_cell_reports_its_tokens_and_peak_memory():
-    peak = peak_of_one_cell("babilong", "300", 1)
+    peak = peak_of_one_cell("babilong_bytes", "300", 1)
     assert peak["length"] == "300" and 250 < peak["read_tokens"] < 400  # context within a sentence, and the question
     assert 0 < peak["before_mib"] <= peak["peak_mib"] and peak["seconds"] > 0
 
