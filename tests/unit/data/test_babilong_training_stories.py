@@ -186,7 +186,7 @@ def test_end_at_a_length_asks_every_question_after_the_hidden_facts_and_scores_e
     for split in ("val", "test"):
         assert list(last.source.samples(split)) == list(end.source.samples(split))
     asked = 0
-    for sample in islice(end.source.samples("train"), 100):
+    for sample in islice(end.source.samples("train"), 40):
         story, pieces = sample.story, sample.pieces()
         context = pieces[0][0].removesuffix(f"Question: {story.asked[0][1]}\n") if story.asked else sample.context
         at = 0
@@ -198,7 +198,7 @@ def test_end_at_a_length_asks_every_question_after_the_hidden_facts_and_scores_e
                                                    for t in (f"Question: {q}\n", f"{a}\n")][1:]
         assert all(solve(list(story.facts), q) == a for _, q, a in questions)
         asked += len(questions)
-    assert asked > 250  # about every actor who moved: three on average
+    assert asked > 100  # about every actor who moved: three on average
     batches = {name: [b for _, b in zip(range(20), dm.train_dataloader(), strict=False)]
                for name, dm in (("last", last), ("end", end))}
     scored = {name: sum(int((b[1] != -100).sum()) for b in got) for name, got in batches.items()}
