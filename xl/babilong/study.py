@@ -110,12 +110,12 @@ def panels(values: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 def write(out: Path, values: dict[str, Any]) -> None:
     """``study.json``, ``study.md`` and ``heatmap.png`` in ``out``, each written whole (a temporary file renamed)."""
     from xl.babilong.heatmap import draw_heatmaps
+    from xl.training.services.callbacks import write_json
 
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("study.json", json.dumps(values, indent=1)), ("study.md", markdown(values) + "\n")):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out / name)
+    write_json(out / "study.json", values)
+    tmp = out / ".study.md.tmp"
+    tmp.write_text(markdown(values) + "\n", encoding="utf-8")
+    tmp.replace(out / "study.md")
     tmp = out / ".heatmap.tmp.png"
     draw_heatmaps(tmp, panels(values))
     tmp.replace(out / "heatmap.png")
