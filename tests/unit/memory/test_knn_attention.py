@@ -12,17 +12,19 @@ from torch.nn import functional as F
 
 from xl.memory.knn import store
 from xl.memory.knn.attention import RetrievalGate, default_layers, gated_retrieval, initial_scale
-from xl.memory.knn.search import exact_topk, gather
+from xl.memory.knn.search import exact_topk, gather, recency_ranks
 from xl.model.documents import positions
 from xl.model.eviction import leaving
 
 
-def reference(q, local, key_raw, value, left, doc, p0, gate, scale, size, k):
+def reference(q, local, key_raw, value, left, doc, p0, gate, scale, size, k, order=None):
     """One segment's outputs, query by query: each query (row b, head h, position p0 + i) retrieves, among the
     positions of its row that left the window and belong to its own document (the newest ``size`` of them), the k of
     highest score ``scale_h · q̂ · k̂``, attends over them, and mixes with the local output by ``sigmoid(gate_h)``.
-    A query whose document began inside the segment retrieves nothing; one that retrieves nothing keeps its local
-    output. Returns the outputs and the number of entries each query retrieved."""
+    With ``order`` [H, K], an entry's score also gets ``order[h, r]``, r the number of the query's retrieved entries
+    at later positions than its own (at most K - 1). A query whose document began inside the segment retrieves
+    nothing; one that retrieves nothing keeps its local output. Returns the outputs and the number of entries each
+    query retrieved."""
     B, H, L, _ = q.shape
     rows, counts = [], []
     for b in range(B):
@@ -42,7 +44,11 @@ def reference(q, local, key_raw, value, left, doc, p0, gate, scale, size, k):
                     outs.append(local[b, h, i])
                     continue
                 keys = torch.stack([F.normalize(key_raw[b, h, j], dim=0) for j in chosen])
-                weights = torch.softmax(scale[h] * (keys @ qn), 0)
+                scores = scale[h] * (keys @ qn)
+                if order is not None:
+                    newer = [sum(other > j for other in chosen) for j in chosen]
+                    scores = scores + torch.stack([order[h, min(r, order.size(1) - 1)] for r in newer])
+                weights = torch.softmax(scores, 0)
                 v_m = weights @ torch.stack([value[b, h, j] for j in chosen])
                 g = torch.sigmoid(gate[h])
                 outs.append(g * v_m + (1 - g) * local[b, h, i])
@@ -51,8 +57,9 @@ def reference(q, local, key_raw, value, left, doc, p0, gate, scale, size, k):
     return torch.stack(rows), counts
 
 
+@pytest.mark.parametrize("recency", [False, True])
 @pytest.mark.parametrize(("mem_len", "seg_len"), [(5, 4), (0, 4), (5, 1), (3, 7)])
-def test_retrieval_attention_matches_a_loop_over_queries(mem_len, seg_len):
+def test_retrieval_attention_matches_a_loop_over_queries(mem_len, seg_len, recency):
     B, H, D, size, k, T = 3, 2, 6, 7, 3, 35
     gen = torch.Generator().manual_seed(0)
     f64 = dict(generator=gen, dtype=torch.float64)
@@ -63,6 +70,11 @@ def test_retrieval_attention_matches_a_loop_over_queries(mem_len, seg_len):
     gate, scale = torch.randn(H, **f64), torch.rand(H, **f64) * 4 + 1
     gate_ref, scale_ref = gate.clone().requires_grad_(), scale.clone().requires_grad_()
     gate.requires_grad_(), scale.requires_grad_()
+    # A table of k - 1 ranks: the ranks past its last (evaluation retrieving more than training did) take its last.
+    order = torch.randn(H, k - 1, **f64) * 3 if recency else None
+    order_ref = None if order is None else order.clone().requires_grad_()
+    if order is not None:
+        order.requires_grad_()
     state = store.empty(B, H, size, D, dtype=torch.float64)
     left: list[list[int]] = [[] for _ in range(B)]
     held, leaves, counts = 0, [], []
@@ -74,8 +86,11 @@ def test_retrieval_attention_matches_a_loop_over_queries(mem_len, seg_len):
         q.requires_grad_(), local.requires_grad_()
         seg = pos[:, s:s + L]
         found = exact_topk(q, state, k, store.sees_store(seg))
-        out = gated_retrieval(q, local, *gather(state, found), found.valid, gate, scale)
-        out_ref, n_found = reference(q_ref, local_ref, key_raw, value, left, doc, s, gate_ref, scale_ref, size, k)
+        bias = None if order is None else order.view(1, H, 1, -1).expand(B, H, L, -1).gather(
+            -1, recency_ranks(state, found).clamp(max=k - 2))
+        out = gated_retrieval(q, local, *gather(state, found), found.valid, gate, scale, bias)
+        out_ref, n_found = reference(q_ref, local_ref, key_raw, value, left, doc, s, gate_ref, scale_ref, size, k,
+                                     order_ref)
         counts += n_found
         torch.testing.assert_close(out, out_ref, rtol=0, atol=1e-12)
         weight = torch.randn(out.shape, **f64)
@@ -97,6 +112,9 @@ def test_retrieval_attention_matches_a_loop_over_queries(mem_len, seg_len):
         torch.testing.assert_close(local.grad, local_ref.grad, rtol=0, atol=1e-12)
     torch.testing.assert_close(gate.grad, gate_ref.grad, rtol=0, atol=1e-12)
     torch.testing.assert_close(scale.grad, scale_ref.grad, rtol=0, atol=1e-12)
+    if order is not None:
+        torch.testing.assert_close(order.grad, order_ref.grad, rtol=0, atol=1e-12)
+        assert order.grad.abs().min() > 0
     # The stream exercised every case: no entry, fewer than k, k; and a store that overflowed its size.
     assert {0, k} <= set(counts) and any(0 < c < k for c in counts)
     assert max(len(row) for row in left) > size
@@ -170,3 +188,15 @@ def test_a_layers_parameters_start_at_half_gate_and_henry_et_als_scale():
     assert torch.equal(out, gated_retrieval(q, local, keys, values, valid, module.gate, module.scale))
     out.sum().backward()
     assert module.gate.grad is not None and module.scale.grad is not None
+
+
+def test_the_recency_table_starts_at_zero_and_a_rank_past_its_last_takes_its_last_bias():
+    q, local, keys, values, valid, _, _ = inputs(dtype=torch.float32)  # k = 5 retrieved
+    module = RetrievalGate(3, top_k=3, recency=True)
+    assert torch.equal(module.order, torch.zeros(3, 3))
+    ranks = torch.arange(5).expand(2, 3, 4, 5)
+    assert torch.equal(module(q, local, keys, values, valid, ranks), module(q, local, keys, values, valid))
+    with torch.no_grad():
+        module.order.copy_(torch.arange(9.0).view(3, 3))
+    assert module.recency_bias(ranks)[1, 2, 3].tolist() == [6.0, 7.0, 8.0, 8.0, 8.0]
+    assert RetrievalGate(3, top_k=3).order is None and len(list(RetrievalGate(3, top_k=3).parameters())) == 2

@@ -21,16 +21,19 @@ from xl.model.transformer import TransformerXL
 SEG, T, VOCAB = 4, 24, 20
 
 
-def knn_model(mem_len: int = 3, knn_layers=(0, 1), size: int = 5, top_k: int = 3, seed: int = 0) -> TransformerXL:
+def knn_model(mem_len: int = 3, knn_layers=(0, 1), size: int = 5, top_k: int = 3, seed: int = 0,
+              recency: bool = False) -> TransformerXL:
     torch.manual_seed(seed)
     cfg = XLConfig(n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, vocab_size=VOCAB, mem_len=mem_len,
                    dropout=0.0, memory=KnnConfig(knn_layers=None if knn_layers is None else list(knn_layers),
-                                                 knn_size=size, knn_top_k=top_k))
+                                                 knn_size=size, knn_top_k=top_k, knn_recency=recency))
     model = TransformerXL(cfg).double()
-    with torch.no_grad():  # gates and scales away from their initial values, different per head
+    with torch.no_grad():  # gates, scales and recency biases away from their initial values, different per head
         for gate in model.retrieval:
             gate.gate.copy_(torch.randn(cfg.n_head))
             gate.scale.copy_(torch.rand(cfg.n_head) * 4 + 1)
+            if recency:
+                gate.order.copy_(torch.randn(cfg.n_head, top_k) * 3)
     return model
 
 
@@ -86,7 +89,11 @@ def reference_logits(model: TransformerXL, tokens: torch.Tensor, seg_len: int, s
                             score = {j: qn @ F.normalize(keys[b, j, head].detach(), dim=0) for j in stored}
                             best = sorted(stored, key=lambda j: -float(score[j].detach()))[:k]
                             gate = memory.gates[memory.layers.index(n)]
-                            w = (gate.scale[head] * torch.stack([score[j] for j in best])).softmax(0)
+                            scores = gate.scale[head] * torch.stack([score[j] for j in best])
+                            if gate.order is not None:  # the rank by age: retrieved entries at later positions
+                                scores = scores + torch.stack([gate.order[head, sum(o > j for o in best)]
+                                                               for j in best])
+                            w = scores.softmax(0)
                             retrieved = sum(w_j * values[b, j, head].detach() for w_j, j in zip(w, best, strict=True))
                             g = torch.sigmoid(gate.gate[head])
                             out = g * retrieved + (1 - g) * out
@@ -123,10 +130,11 @@ def streams(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, starts
 
 
+@pytest.mark.parametrize("recency", [False, True])
 @pytest.mark.parametrize("mem_len", [3, 0])
 @pytest.mark.parametrize("with_documents", [False, True])
-def test_the_forward_pass_retrieves_what_the_reference_retrieves(mem_len, with_documents):
-    model = knn_model(mem_len).eval()
+def test_the_forward_pass_retrieves_what_the_reference_retrieves(mem_len, with_documents, recency):
+    model = knn_model(mem_len, recency=recency).eval()
     tokens, starts = streams()
     starts = starts if with_documents else None
     with torch.no_grad():
@@ -134,6 +142,11 @@ def test_the_forward_pass_retrieves_what_the_reference_retrieves(mem_len, with_d
         expected = reference_logits(model, tokens, SEG, starts)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
     # The retrieval changed the logits (the test would pass vacuously if nothing was ever retrieved).
+    if recency:  # the order changed them too
+        with torch.no_grad():
+            for gate in model.retrieval:
+                gate.order.zero_()
+            assert not torch.allclose(model_logits(model, tokens, SEG, starts)[0], got)
     model.memory.settings.knn_top_k, plain = 1, got
     with torch.no_grad():
         assert not torch.allclose(model_logits(model, tokens, SEG, starts)[0], plain)
@@ -153,8 +166,9 @@ def test_the_same_positions_enter_the_store_whatever_the_segment_lengths():
         torch.testing.assert_close(other[0][store.VALUES], stores[0][0][store.VALUES], rtol=1e-12, atol=1e-12)
 
 
-def test_gradients_match_the_reference_and_none_reaches_the_store():
-    model = knn_model().train()  # dropout 0: the CPU training attention, with its own backward
+@pytest.mark.parametrize("recency", [False, True])
+def test_gradients_match_the_reference_and_none_reaches_the_store(recency):
+    model = knn_model(recency=recency).train()  # dropout 0: the CPU training attention, with its own backward
     tokens, starts = streams()
     targets = torch.roll(tokens, -1, 1)
     _, mems = model_logits(model, tokens, SEG, starts, targets)
@@ -168,6 +182,7 @@ def test_gradients_match_the_reference_and_none_reaches_the_store():
     for name, p in model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-8, atol=1e-10, msg=name)
     assert got["retrieval.0.gate"].abs().min() > 0 and got["retrieval.1.scale"].abs().min() > 0
+    assert not recency or got["retrieval.1.order"].abs().sum() > 0
 
 
 def test_a_packed_document_reads_as_alone():
@@ -181,9 +196,9 @@ def test_a_packed_document_reads_as_alone():
     torch.testing.assert_close(packed[1:, 14:], alone, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("with_documents", [False, True])
-def test_one_token_decoding_equals_the_forward(with_documents):
-    model = knn_model(knn_layers=None).eval()
+@pytest.mark.parametrize(("with_documents", "recency"), [(False, False), (True, False), (True, True)])
+def test_one_token_decoding_equals_the_forward(with_documents, recency):
+    model = knn_model(knn_layers=None, recency=recency).eval()
     tokens, starts = streams()
     pos = positions(starts) if with_documents else None
     with torch.no_grad():
@@ -230,18 +245,22 @@ def test_one_sentence_refusals():
 KNN_RUN = ("memory=knn", "memory.knn_size=64", "memory.knn_top_k=4")
 
 
-def test_a_run_trains_evaluates_and_is_sized_with_its_stores(tmp_path, corpus):
+@pytest.mark.parametrize("recency", [False, True])
+def test_a_run_trains_evaluates_and_is_sized_with_its_stores(tmp_path, corpus, recency):
     from tests.conftest import compose_config, tiny_overrides
     from xl.config.machine import run_estimate
     from xl.training.build import build_run
 
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), *KNN_RUN, "trainer.max_steps=4",
-                         "trainer.val_check_interval=4")
+                         "trainer.val_check_interval=4", f"memory.knn_recency={str(recency).lower()}")
     run = build_run(cfg)
     assert isinstance(run.module.model.memory, KnnMemory) and run.module.model.memory.layers == (1,)  # tiny: 2 layers
-    before = run.module.model.retrieval[0].gate.detach().clone()
+    gate = run.module.model.retrieval[0]
+    before = [p.detach().clone() for p in gate.parameters()]
+    assert (gate.order is not None) == recency
     run.trainer.fit(run.module, datamodule=run.datamodule)
-    assert not torch.equal(before, run.module.model.retrieval[0].gate)  # the gate trains
+    for old, new in zip(before, gate.parameters(), strict=True):  # the gate, the scale and the order train
+        assert not torch.equal(old, new)
     assert math.isfinite(float(run.trainer.callback_metrics["val/loss"]))
     *cache, keys, values, count = run.module.memory.mems["train"]
     assert count.dtype == torch.int64 and int(count.min()) > 0 and not keys.requires_grad
@@ -277,6 +296,9 @@ def test_the_settings_compose_from_the_command_line(tmp_path, corpus):
                          "memory.mem_len=0")
     config = variant(cfg.memory, cfg)
     assert isinstance(config, KnnConfig) and config.knn_layers == [0, 1] and config.knn_size == 65536
+    assert config.knn_recency is False
+    cfg = compose_config(*tiny_overrides(tmp_path, corpus), "memory=knn", "memory.knn_recency=true")
+    assert variant(cfg.memory, cfg).knn_recency is True
     assert config.to_dict()["_target_"] == "xl.memory.knn.memory.KnnConfig"
     for bad, says in (("memory.knn_layers=[1,1]", "memory.knn_layers must be"),
                       ("memory.grad_segments=2", "memory.grad_segments=1 with memory=knn"),

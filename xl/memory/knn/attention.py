@@ -8,7 +8,10 @@ with a softmax of its own, and the result ``V_m`` is mixed per head with the loc
 The scores are ``scale_h · q̂ · k̂``: unit query against unit key (the keys are stored normalised; the query is the
 local attention's content query ``q + u`` normalised here), times a learned per-head scale, the way the authors'
 code scales attention over normalised keys. Retrieved keys carry no position: no relative term is added, as in the
-paper ("We don't use a position bias for the retrieved memories"). A query that retrieved no entry (an empty store,
+paper ("We don't use a position bias for the retrieved memories"). With ``memory.knn_recency=true`` (not in the paper)
+they carry their order instead: each entry's score gets a learned bias of its head for its rank by age among the
+query's retrieved entries (0 the newest; ranks past the table's last take its last bias), so that a head can prefer
+the newest of several entries that match alike. A query that retrieved no entry (an empty store,
 the first segment of a document) keeps the local output unchanged: with nothing to retrieve the layer is the plain
 one. Nothing flows back into the retrieved keys and values: the store takes no gradient.
 """
@@ -37,12 +40,13 @@ def initial_scale(top_k: int) -> float:
 
 
 def gated_retrieval(queries: Tensor, local: Tensor, keys: Tensor, values: Tensor, valid: Tensor, gate: Tensor,
-                    scale: Tensor) -> Tensor:
+                    scale: Tensor, bias: Tensor | None = None) -> Tensor:
     """The heads' combined output [B, H, L, D] (see the module docstring).
 
     ``queries`` [B, H, L, D]: the content queries of the local attention (before any scaling); ``local`` [B, H, L, D]:
     its heads' outputs; ``keys``/``values`` [B, H, L, k, D]: the retrieved entries (unit keys); ``valid`` [B, H, L, k]:
-    which are entries; ``gate`` [H]: the gate's logits b_g; ``scale`` [H]: the scores' scale. Computes in the queries'
+    which are entries; ``gate`` [H]: the gate's logits b_g; ``scale`` [H]: the scores' scale; ``bias`` [B, H, L, k] or
+None: added to the scaled scores (the recency bias, :meth:`RetrievalGate.recency_bias`). Computes in the queries'
     dtype (the layer's, or autocast's) and returns the local output's dtype.
     """
     B, H, L, D = queries.shape
@@ -57,6 +61,8 @@ def gated_retrieval(queries: Tensor, local: Tensor, keys: Tensor, values: Tensor
     keys, values = keys.detach().to(q.dtype), values.detach().to(q.dtype)
     # [B·H·L, 1, D] × [B·H·L, D, k]: each query against its own k entries.
     scores = torch.matmul(q.unsqueeze(-2), keys.transpose(-1, -2)).squeeze(-2) * scale.view(H, 1, 1).to(q.dtype)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     found = valid.any(-1, keepdim=True)  # [B, H, L, 1]
     # A query with no entry gets finite scores (so no NaN reaches the gradient) and its local output below.
     scores = scores.masked_fill(~valid, float("-inf")).masked_fill(~found, 0.0)
@@ -69,18 +75,29 @@ def gated_retrieval(queries: Tensor, local: Tensor, keys: Tensor, values: Tensor
 
 class RetrievalGate(nn.Module):
     """One retrieval layer's learned parameters, the gate's logits ``gate`` [H] (0 at first: g = 0.5, as the authors'
-    code starts) and the scores' ``scale`` [H] (:func:`initial_scale` at first), applied by :func:`gated_retrieval`."""
+    code starts) and the scores' ``scale`` [H] (:func:`initial_scale` at first), applied by :func:`gated_retrieval`;
+    with ``recency``, the bias ``order`` [H, top_k] of each rank by age (0 at first: no preference)."""
 
-    def __init__(self, n_head: int, top_k: int) -> None:
+    def __init__(self, n_head: int, top_k: int, recency: bool = False) -> None:
         super().__init__()
         self.gate = nn.Parameter(torch.zeros(n_head))
         self.scale = nn.Parameter(torch.full((n_head,), initial_scale(top_k)))
+        self.order = nn.Parameter(torch.zeros(n_head, top_k)) if recency else None
 
     def untouched(self, local: Tensor) -> Tensor:
         """``local`` as it is, with the parameters in its graph (a zero gradient for each), for a segment where no
         query retrieves: what :func:`gated_retrieval` gives then, without the search. Distributed training (DDP)
         refuses a step in which a parameter takes no part."""
-        return local + (self.gate.sum() + self.scale.sum()).to(local.dtype) * 0
+        return local + sum(p.sum() for p in self.parameters()).to(local.dtype) * 0
 
-    def forward(self, queries: Tensor, local: Tensor, keys: Tensor, values: Tensor, valid: Tensor) -> Tensor:
-        return gated_retrieval(queries, local, keys, values, valid, self.gate, self.scale)
+    def recency_bias(self, ranks: Tensor) -> Tensor:
+        """The bias [B, H, L, k] of entries whose ranks by age are ``ranks`` [B, H, L, k] (0 the newest retrieved),
+        a rank past the table's last taking its last bias (evaluation may retrieve more entries than training)."""
+        B, H, L, k = ranks.shape
+        table = self.order.view(1, H, 1, -1).expand(B, H, L, -1)
+        return table.gather(-1, ranks.clamp(max=self.order.size(1) - 1))
+
+    def forward(self, queries: Tensor, local: Tensor, keys: Tensor, values: Tensor, valid: Tensor,
+                ranks: Tensor | None = None) -> Tensor:
+        bias = None if self.order is None or ranks is None else self.recency_bias(ranks)
+        return gated_retrieval(queries, local, keys, values, valid, self.gate, self.scale, bias)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from xl.memory.knn.store import KEYS, VALUES, fill, flat_rows
+from xl.memory.knn.store import COUNT, KEYS, VALUES, fill, flat_rows
 
 SEARCHES = ("exact", "faiss")
 
@@ -174,6 +174,18 @@ def faiss_topk(queries: Tensor, state: list[Tensor], k: int, visible: Tensor | N
         found &= visible[:, None, :, None].cpu()
         index.masked_fill_(~found, 0)
     return Retrieved(index.to(keys.device), found.to(keys.device))
+
+
+@torch.no_grad()
+def recency_ranks(state: list[Tensor], retrieved: Retrieved) -> Tensor:
+    """Each retrieved entry's rank by age among its query's retrieved entries, [B, H, L, k] int64: 0 the newest,
+    the places with no entry last. The entry written m-th to a row sits in slot ``m % N`` (:mod:`xl.memory.knn.store`),
+    so a slot's age, entries written after it, is ``(count - 1 - slot) mod N``: no position is stored."""
+    N = state[KEYS].size(2)
+    count = state[COUNT].view(-1, 1, 1, 1)
+    age = torch.remainder(count - 1 - retrieved.index, N)
+    age = torch.where(retrieved.valid, age, N + torch.arange(retrieved.index.size(-1), device=age.device))
+    return age.argsort(-1).argsort(-1)
 
 
 @torch.no_grad()
