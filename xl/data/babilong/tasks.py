@@ -32,8 +32,8 @@ TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
 LABELS = {"qa1": LOCATIONS, "qa2": LOCATIONS, "qa3": LOCATIONS, "qa4": LOCATIONS, "qa5": (*GIVERS, *OBJECTS)}
 QUESTIONS_PER_STORY = 5  # a story is cut at its k-th question, k from 1 to this (``most`` of a training story)
 # Which questions a story keeps (data.train_questions): its last (BABILong's one), all of them in bAbI's format, in
-# qa1 every actor's at each question's place (other tasks: all), or in qa1 every actor's once, after all the facts
-# (other tasks: last).
+# qa1 every actor's at each question's place (other tasks: all), or once after all the facts every actor's (qa1) or
+# every object's the task could ask about (qa2, qa3; qa4, qa5: last).
 QUESTIONS = ("last", "all", "every", "end")
 MAX_FACTS = 300  # a story of qa2 or qa3 that has not reached its question by then is begun again
 OBJECT_ACTIONS = (("get", "drop"), ("move",))  # qa2, qa3: get or drop, or a move, each group one time in two
@@ -93,10 +93,14 @@ def qa1(rng: random.Random, questions: str = "last",
     return with_asked(answered("qa1", world, f"Where is {actor}?", world.actor_at[actor]), earlier)
 
 
-def _object_story(rng: random.Random, ask: Callable[[World], Story | None], questions: str, most: int) -> Story:
-    """qa2 and qa3: gets, drops and moves; a question after three facts or more, one time in two, if ``ask`` finds
-    one; the k-th question ends the story (``questions`` other than ``"last"``: with the earlier ones, the same draws
-    of ``rng``)."""
+Askable = Callable[[World], dict[str, tuple[str, Known]]]  # per object the task may ask about: question, answer
+
+
+def _object_story(task: str, rng: random.Random, askable: Askable, questions: str, most: int) -> Story:
+    """qa2 and qa3: gets, drops and moves; a question after three facts or more, one time in two, about an object
+    drawn among those ``askable`` offers, if any; the k-th question ends the story. ``questions``: ``"all"`` and
+    ``"every"`` keep the earlier ones (the same draws of ``rng``), ``"end"`` asks after the last one's facts about
+    each other askable object too, in random order, the story's own question last (more draws: other stories)."""
     world = World(rng, ACTORS)
     last = rng.randint(1, most)
     since = 0
@@ -107,36 +111,36 @@ def _object_story(rng: random.Random, ask: Callable[[World], Story | None], ques
         world.perform(world.propose_any(OBJECT_ACTIONS))
         since += 1
         if since > 2 and rng.random() < 0.5:
-            story = ask(world)
-            if story is not None:
+            options = askable(world)
+            if options:
+                o = world.rng.choice(sorted(options))
+                story = answered(task, world, *options[o])
                 since = 0
                 if len(earlier) + 1 == last:
+                    if questions == "end":
+                        others = [p for p in sorted(options) if p != o]
+                        return with_asked(story, [answered(task, world, *options[p])
+                                                  for p in rng.sample(others, len(others))])
                     return with_asked(story, earlier if questions in ("all", "every") else [])
                 earlier.append(story)
 
 
 def qa2(rng: random.Random, questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Story:
-    def ask(world: World) -> Story | None:
-        known = [o for o in sorted(world.object_at) if len(world.object_at[o].support) <= 2]
-        if not known:
-            return None
-        o = world.rng.choice(known)
-        return answered("qa2", world, f"Where is the {o}?", world.object_at[o])
+    def askable(world: World) -> dict[str, tuple[str, Known]]:
+        return {o: (f"Where is the {o}?", world.object_at[o]) for o in sorted(world.object_at)
+                if len(world.object_at[o].support) <= 2}
 
-    return _object_story(rng, ask, questions, most)
+    return _object_story("qa2", rng, askable, questions, most)
 
 
 def qa3(rng: random.Random, questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Story:
-    def ask(world: World) -> Story | None:
+    def askable(world: World) -> dict[str, tuple[str, Known]]:
         options = {o: Known(h[-2].value, h[-2].support | h[-1].support) for o in OBJECTS
                    if len(h := world.history[o]) > 1 and [k.value for k in h].count(h[-1].value) == 1}
-        options = {o: known for o, known in options.items() if len(known.support) <= 3}
-        if not options:
-            return None
-        o = world.rng.choice(sorted(options))
-        return answered("qa3", world, f"Where was the {o} before the {world.history[o][-1].value}?", options[o])
+        return {o: (f"Where was the {o} before the {world.history[o][-1].value}?", known)
+                for o, known in options.items() if len(known.support) <= 3}
 
-    return _object_story(rng, ask, questions, most)
+    return _object_story("qa3", rng, askable, questions, most)
 
 
 def qa4(rng: random.Random, questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Story:
