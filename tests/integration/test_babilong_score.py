@@ -19,7 +19,7 @@ import torch
 from tests.conftest import run_hydra_main
 from xl import train
 from xl.babilong import score
-from xl.babilong.baselines import RULES, expected
+from xl.babilong.baselines import ANSWERS, RULES, expected
 from xl.babilong.heatmap import figure
 from xl.babilong.score import Reader
 from xl.data.babilong.background import Sentences
@@ -96,11 +96,15 @@ def test_a_run_trained_on_qa1_is_scored_at_two_lengths(qa1_run, tmp_path, monkey
     assert [(c["task"], c["length"], c["samples"]) for c in values["cells"]] == [("qa1", "0", 5), ("qa1", "300", 5)]
     for cell in values["cells"]:
         assert values["accuracy"]["qa1"][cell["length"]] == cell["correct"] / 5
+        # Every answer is counted once by what it follows, the right ones as the accuracy counts them.
+        assert set(cell["answers"]) <= set(ANSWERS) and sum(cell["answers"].values()) == 5
+        assert cell["answers"].get("right", 0) == cell["correct"]
     assert 0 < values["cells"][1]["mean_context_tokens"] <= 300 < values["cells"][1]["mean_context_tokens"] + 256
     assert (out / "heatmap.png").read_bytes()[:4] == b"\x89PNG"
     assert list((out / "wandb").glob("offline-run-*/run-*.wandb"))  # W&B really logged, offline
     printed = capsys.readouterr().out
     assert "babilong accuracy" in printed and "qa1" in printed and "heatmap.png" in printed
+    assert "the model's wrong answers" in printed or all(c["correct"] == 5 for c in values["cells"])
 
 
 def test_a_sweep_ends_with_one_summary_table_and_plot(qa1_run, tmp_path, monkeypatch):

@@ -17,6 +17,12 @@ BABILong's rule a label in the question is never the answer).
   holders went). With none, a candidate drawn uniformly.
 
 ``uniform`` and ``entity's labels`` are expected accuracies (the mean chance of a right draw), not draws.
+
+What a model's answers follow (:func:`follows`, :data:`ANSWERS`): each answer is ``right``; or names one wrong
+candidate that is among the entity's labels (``entity's other label``: in qa1 a place where the asked actor was
+before); or, if not, the candidate named last (``last named``); or ``another label``; or ``no single label`` (none,
+or several). A model that finds the asked entity's facts but not which is the newest answers the entity's other
+labels; one that answers by recency, the last named.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ from collections import Counter
 from collections.abc import Sequence
 from functools import cache
 
+from xl.data.babilong.answers import first_sentence, is_correct
 from xl.data.babilong.tasks import LABELS, Story
 from xl.data.babilong.world import ACTORS, GIVERS, LOCATIONS, OBJECTS
 
 RULES = ("last named", "most frequent", "uniform", "entity's labels")
+ANSWERS = ("right", "entity's other label", "last named", "another label", "no single label")
 PEOPLE = tuple(dict.fromkeys((*ACTORS, *GIVERS)))
 
 
@@ -81,3 +89,18 @@ def expected(task: str, stories: Sequence[Story]) -> dict[str, float]:
         options = entity_labels(task, s) or candidates(task, s.question)
         right["entity's labels"] += (s.answer in options) / len(options)
     return right
+
+
+def follows(task: str, story: Story, output: str) -> str:
+    """Which of :data:`ANSWERS` the model's ``output`` to ``story`` is (read by BABILong's rule,
+    :mod:`xl.data.babilong.answers`)."""
+    if is_correct(story.answer, output, story.question, LABELS[task]):
+        return "right"
+    text, question = first_sentence(output), story.question.lower()
+    found = [label for label in LABELS[task] if label.lower() in text and label.lower() not in question]
+    if len(found) != 1:
+        return "no single label"
+    (answer,) = found
+    if answer in entity_labels(task, story):
+        return "entity's other label"
+    return "last named" if answer == last_named(task, story) else "another label"

@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from xl.babilong.baselines import RULES
+from xl.babilong.baselines import ANSWERS, RULES
 from xl.babilong.heatmap import draw_heatmaps
 from xl.data.babilong.lengths import length_name
 from xl.model import memory_settings
@@ -48,14 +48,17 @@ class Cell:
     read_tokens: int = 0  # the prompts read (context and question), summed
     seconds: float = 0.0
     baselines: dict[str, float] = field(default_factory=dict)  # each rule's accuracy on the cell's samples
+    answers: dict[str, int] = field(default_factory=dict)  # how many answers are each of baselines.ANSWERS
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Cell:
-        """A cell as :meth:`to_dict` wrote it."""
-        return cls(**{f.name: values[f.name] for f in fields(cls)})
+        """A cell as :meth:`to_dict` wrote it (one written before ``answers`` was recorded has none)."""
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
-    def add(self, correct: bool, context_tokens: int, read_tokens: int) -> None:
-        self.correct += int(correct)
+    def add(self, answer: str, context_tokens: int, read_tokens: int) -> None:
+        """One sample: its answer as :func:`xl.babilong.baselines.follows` names it, and what was read."""
+        self.answers[answer] = self.answers.get(answer, 0) + 1
+        self.correct += int(answer == "right")
         self.samples += 1
         self.context_tokens += context_tokens
         self.read_tokens += read_tokens
@@ -97,12 +100,17 @@ def record(cfg: DictConfig, run: Any, context: MemoryContext, decoding: str, bac
 
 def table(values: dict[str, Any]) -> str:
     """Accuracy in percent: a row per task and the mean over tasks, a column per length; then, for each task, a row
-    per rule that needs no memory of the asked entity, on the same samples."""
+    per rule that needs no memory of the asked entity, on the same samples; then what the model's wrong answers
+    were (:data:`xl.babilong.baselines.ANSWERS`), in percent of the samples."""
     lengths = values["lengths"]
     rows = [(t, values["accuracy"][t]) for t in values["tasks"]] + [("mean", values["mean"])]
     rules = [(f"{t} {rule}", by_length) for t, by_rule in values.get("baselines", {}).items()
              for rule, by_length in by_rule.items() if by_length]
-    width = max(len(name) for name, _ in [*rows, *rules, ("task", None)]) + 1
+    answers = [(f"{t} answer: {kind}", {c["length"]: c["answers"].get(kind, 0) / c["samples"] for c in values["cells"]
+                                if c["task"] == t and c.get("answers")})
+               for t in values["tasks"] for kind in ANSWERS[1:]]
+    answers = [(name, row) for name, row in answers if row]
+    width = max(len(name) for name, _ in [*rows, *rules, *answers, ("task", None)]) + 1
 
     def line(name: str, row: dict[str, float]) -> str:
         return "  " + f"{name:<{width}}" + "".join(f"{100 * row[n]:>7.0f}" if n in row else f"{'':>7}"
@@ -113,6 +121,9 @@ def table(values: dict[str, Any]) -> str:
     if rules:
         lines += ["  rules without memory of the asked entity, on the same samples:"]
         lines += [line(name, row) for name, row in rules]
+    if answers:
+        lines += ["  the model's wrong answers, by what they name, in percent of the samples:"]
+        lines += [line(name, row) for name, row in answers]
     return "\n".join(lines)
 
 

@@ -37,16 +37,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from xl.babilong import main  # noqa: F401 (the command, also importable from here)
-from xl.babilong.baselines import expected
+from xl.babilong.baselines import expected, follows
 from xl.babilong.report import HEATMAP, Cell, log_results, record, table, write_results
 from xl.babilong.resume import Progress, SignalStop, identity, kept_cells
 from xl.config.rules import ConfigError, check_bounds
-from xl.data.babilong.answers import is_correct
 from xl.data.babilong.background import Sentences
 from xl.data.babilong.data import token_counter
 from xl.data.babilong.lengths import length_name, parse_length
 from xl.data.babilong.samples import Sample, samples
-from xl.data.babilong.tasks import LABELS
 from xl.data.sources import StdlibSource
 from xl.generation import decoding_context
 from xl.model.memory_settings import MemoryContext
@@ -163,8 +161,7 @@ def score_cell(reader: Reader, background: Any, task: str, length: Any, cfg: Dic
         if len(batch) == cfg.batch_size or cell.samples + len(batch) == cfg.samples:
             for sample, output in zip(batch, reader.answer([s.prompt for s in batch]), strict=True):
                 story = sample.story
-                cell.add(is_correct(story.answer, output, story.question, LABELS[task]), sample.tokens,
-                         len(reader.tokenizer.encode(sample.prompt)))
+                cell.add(follows(task, story, output), sample.tokens, len(reader.tokenizer.encode(sample.prompt)))
             batch = []
     if reader.model.device.type == "cuda":
         torch.cuda.synchronize()

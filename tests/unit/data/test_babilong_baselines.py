@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from xl.babilong.baselines import RULES, candidates, entity_labels, expected, last_named
+from xl.babilong.baselines import ANSWERS, RULES, candidates, entity_labels, expected, follows, last_named
 from xl.data.babilong.samples import stories
 from xl.data.babilong.tasks import Story
 
@@ -137,3 +137,20 @@ def test_on_generated_stories_the_answer_is_always_among_the_entity_labels(task)
         assert s.answer in entity_labels(task, s), s
         assert last_named(task, s) in candidates(task, s.question)
     assert set(expected(task, [])) == set(RULES)
+
+
+def test_what_an_answer_follows_by_hand():
+    john, sandra, daniel, _ = QA1  # John: hallway then garden (answer), the last move Mary's to the office
+    assert follows("qa1", john, "garden") == "right"
+    assert follows("qa1", john, "He is in the garden.") == "right"
+    assert follows("qa1", john, "hallway") == "entity's other label"  # where John was before
+    assert follows("qa1", john, "office") == "last named"  # Mary's move, the last
+    assert follows("qa1", john, "kitchen") == "another label"
+    assert follows("qa1", john, "garden or hallway") == "no single label"
+    assert follows("qa1", john, "nowhere") == "no single label"
+    assert follows("qa1", sandra, "bedroom") == "entity's other label"
+    # The apple's holder Mary went to the office, then the kitchen (answer); the last named is John's garden.
+    apple = QA2[0]
+    assert [follows("qa2", apple, a) for a in ("kitchen", "office", "garden", "bathroom")] == \
+        ["right", "entity's other label", "last named", "another label"]
+    assert follows("qa1", daniel, "bathroom") == "right" and ANSWERS[0] == "right"
