@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from xl.bench.gpu import experiment_shape, main, model_flops
+from xl.bench.gpu import experiment_shape, main, model_flops, run_estimate
 from xl.bench.shared import CONFIG_S
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
@@ -46,3 +46,17 @@ def test_experiment_shapes():
     assert experiment_shape("S") == (CONFIG_S, 8, 128)
     fields, batch, tgt_len = experiment_shape("enwik8_base")  # the paper's setup, from conf/experiment
     assert (fields["n_layer"], fields["d_model"], fields["mem_len"], batch, tgt_len) == (12, 512, 512, 22, 512)
+
+
+def test_an_experiment_s_time_is_estimated_from_the_measured_rate(capsys):
+    """--estimate: trainer.max_steps of batch × tgt_len tokens at the measured tokens/s; a retrieval store is filled
+    first as at the last curriculum stage (babilong_gpu: 64K tokens of its 131,072 entries)."""
+    fields, batch, tgt_len = experiment_shape("babilong_gpu")
+    assert (fields["vocab_size"], fields["memory"]["knn_size"], batch, tgt_len) == (16002, 131072, 32, 256)
+    assert run_estimate("babilong_gpu", fields, batch, tgt_len)[:2] == (40000, 64000)
+    assert run_estimate("babilong_long", *experiment_shape("babilong_long"))[:2] == (3000, 0)  # the cache alone
+    r = main(["--experiment", "babilong_long", "--estimate", "--device", "cpu", "--precision", "32-true",
+              "--steps", "1", "--warmup", "1", "--batch", "2", "--set", "n_layer=1"])
+    out = capsys.readouterr().out
+    assert r["estimate_h"] == pytest.approx(3000 * 2 * 128 / r["tokens_per_s"] / 3600)
+    assert f"estimate : 3,000 steps of 2 x 128 tokens: {r['estimate_h']:.1f} h" in out

@@ -21,7 +21,7 @@ from tests.gpu.checks import (
     check_throughput,
     write_corpus,
 )
-from tests.helpers.run_if import gpu_param
+from tests.helpers.run_if import gpu_param, run_if
 
 DEVICES = ["cpu", gpu_param("cuda")]
 
@@ -75,6 +75,17 @@ def test_compressive_memory_trains_and_decodes(ctx: Context) -> None:
 def test_throughput(ctx: Context, which: int) -> None:
     experiment, overrides, batch = ctx.plan.bench[which]
     passed(check_throughput(ctx, experiment, overrides, batch))
+
+
+@pytest.mark.gpu
+@run_if(cuda=True)
+def test_the_babilong_gpu_recipe_s_time_is_estimated() -> None:
+    """experiment=babilong_gpu's training time at the rate measured here, its stores filled as at 64K tokens (the
+    estimate docs/babilong.md gives for one GPU; on the CPU, tests/bench/test_bench_gpu.py checks the sum)."""
+    from xl.bench.gpu import main
+
+    r = main(["--experiment", "babilong_gpu", "--estimate", "--precision", "bf16-mixed", "--steps", "10"])
+    assert r["tokens_per_s"] > 0 and r["estimate_h"] > 0
 
 
 def test_the_gpu_plan_runs_every_check_in_full() -> None:

@@ -67,6 +67,11 @@ SKIP = {
     "hydra.launcher.partition=gpu hydra.launcher.timeout_min=1440": "needs a SLURM cluster",
     "python -m xl.bench.gpu": "needs a CUDA GPU",
     "python -m xl.bench.gpu --experiment enwik8_base": "needs a CUDA GPU",
+    "python -m xl.bench.gpu --experiment babilong_gpu --estimate": "needs a CUDA GPU",
+    "python train.py experiment=babilong_gpu hydra.run.dir=runs/gpu":
+        "a GPU's run, with PG-19 from the Hugging Face hub; tests/integration/test_experiments.py trains its first steps",
+    "python -m xl.babilong ckpt=runs/gpu tasks=[qa1,qa2] lengths=[0,1k,4k,16k,64k,128k]":
+        "scores the GPU run the command above makes",
     # hours of CPU
     "python -m xl.probe data.source.gap=600 data.source.eval_episodes=400 memory=knn memory.knn_size=512 --mem-lens 32 "
     "--distances 16 48 64 128 256 512 --seeds 1 2 3 4 5 --score data.source.gap=16600 data.source.eval_episodes=90 "

@@ -22,7 +22,7 @@ PAPER = [("enwik8_base", 256, 41e6), ("enwik8_large", 256, 277e6), ("text8_large
 def test_every_experiment_is_listed():
     listed = {name for name, *_ in PAPER} | {"wt103_large", "enwik8_compressive", "wt103_published", "babilong",
                                                "babilong_curriculum", "babilong_facts", "babilong_bytes",
-                                               "babilong_long"}
+                                               "babilong_long", "babilong_gpu"}
     assert {p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")} == listed
 
 
@@ -172,3 +172,28 @@ def test_the_study_memories_compose_with_babilong_long_as_the_page_lists_them():
         for key in ("mem_len", "cmem_len", "knn_size", "num_tokens"):
             if cfg.memory.get(key):
                 assert f"{cfg.memory[key]:,}" in holds, (name, key)
+
+
+def test_babilong_gpu_scales_the_study_for_one_gpu_and_its_first_steps_train(tmp_path):
+    """experiment=babilong_gpu (docs/babilong.md, "On one GPU"): the recipe's stages at length 0, then 1K to 64K
+    of PG-19 with the retrieval memory and its recency bias, a wider model; its config passes every rule, and its
+    first steps train through a real Trainer at a tiny size (the embedded corpus for PG-19, which needs the hub)."""
+    from xl.config.curriculum import stages
+    from xl.training.build import build_run
+
+    cfg = compose_config("experiment=babilong_gpu")
+    check_config(cfg, shape=False)
+    assert cfg.data.background._target_.endswith("PG19Source") and cfg.memory.knn_recency is True
+    assert (cfg.model.n_layer, cfg.model.d_model, cfg.data.tasks) == (6, 256, ["qa1", "qa2"])
+    assert [s.data["length"] for s in stages(cfg.curriculum)][-4:] == ["1k", "4k", "16k", "64k"]
+    tiny = compose_config("experiment=babilong_gpu", "data/background=stdlib", "model.n_layer=2", "model.d_model=32",
+                          "model.n_head=2", "model.d_head=16", "model.d_inner=64", "memory.mem_len=16",
+                          "memory.knn_size=256", "data.batch_size=2", "data.tgt_len=16", "data.eval_samples=4",
+                          "trainer.max_steps=2", "trainer.limit_train_batches=2", "trainer.val_check_interval=2",
+                          "trainer.limit_val_batches=2", "trainer.num_sanity_val_steps=0", "logger=none",
+                          "curriculum=[{length:0,steps:2},{length:300}]", "precision=32-true",
+                          f"paths.output_dir={tmp_path / 'run'}", f"data.cache_dir={tmp_path / 'cache'}",
+                          "callbacks.progress_bar.refresh_rate=0", "+trainer.enable_model_summary=false")
+    run = build_run(tiny)
+    run.trainer.fit(run.module, datamodule=run.datamodule)
+    assert run.trainer.global_step == 2 and run.module.model.retrieval[0].order is not None

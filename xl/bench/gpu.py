@@ -62,18 +62,40 @@ def peak_tflops(device: torch.device) -> tuple[str, float | None]:
 
 def experiment_shape(name: str) -> tuple[dict, int, int]:
     """(XLConfig fields with mem_len, per-device batch, tgt_len) of a conf/experiment overlay, or of config S
-    (``S``: the CPU benchmark's model, batch 8, segments of 128)."""
+    (``S``: the CPU benchmark's model, batch 8, segments of 128). The head has 256 symbols, or a word vocabulary's
+    ``max_size`` and its two special symbols where the experiment caps one (one softmax: the cutoffs are fitted
+    to the data, which is not read here)."""
     if name == "S":
         return dict(CONFIG_S), 8, 128
     from xl.config.rules import model_values
 
     cfg = compose("config", [f"experiment={name}"])
-    return model_values(cfg, 256), cfg.data.batch_size, cfg.data.tgt_len
+    words = (cfg.data.get("tokenizer_kwargs") or {}).get("max_size")
+    return model_values(cfg, 256 if words is None else words + 2), cfg.data.batch_size, cfg.data.tgt_len
+
+
+def run_estimate(name: str, fields: dict, batch: int, tgt_len: int) -> tuple[int, int, str]:
+    """For ``--estimate``: the experiment's steps (``trainer.max_steps``, each of ``batch`` × ``tgt_len`` tokens), the
+    entries a retrieval store holds before the timed steps (its size, or the last curriculum stage's sample length if
+    shorter: a store holds one document), and that in words."""
+    from xl.config.curriculum import stages
+    from xl.data.babilong.lengths import parse_length
+
+    cfg = compose("config", [f"experiment={name}"])
+    steps = int(cfg.trainer.max_steps)
+    size = fields.get("memory", {}).get("knn_size")
+    if not size:
+        return steps, 0, "no retrieval store"
+    last = stages(cfg.get("curriculum") or [])
+    length = parse_length(last[-1].data["length"]) if last else parse_length(cfg.data.get("length", 0) or 0)
+    fill = min(size, length) if length else size
+    return steps, fill, f"the stores holding {fill:,} entries, as at the last stage's length: an upper bound"
 
 
 def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: torch.dtype | None, compile: bool,
-        steps: int, warmup: int, peak: float | None) -> dict[str, float]:
-    """Time ``steps`` training steps after ``warmup`` (which also fill the memory); peak memory, MFU, last loss."""
+        steps: int, warmup: int, peak: float | None, fill: int = 0) -> dict[str, float]:
+    """Time ``steps`` training steps after ``warmup`` (which also fill the memory, and ``fill`` more positions: a
+    retrieval store's entries); peak memory, MFU, last loss."""
     torch.manual_seed(0)
     model = TransformerXL(cfg).to(device)
     if compile:
@@ -87,7 +109,7 @@ def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: to
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    runner.run(max(warmup, cfg.mem_len // tgt_len + 1))  # the memory is full from here on
+    runner.run(max(warmup, (cfg.mem_len + fill) // tgt_len + 1))  # the memory is full from here on
     sync()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -108,7 +130,7 @@ def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: to
 
 def measure(experiment: str, precision: str, device: torch.device, steps: int, warmup: int,
             batch: int | None = None, overrides: Sequence[str] = (), compile: bool = False,
-            peak: float | None = None) -> tuple[XLConfig, int, int, dict[str, float]]:
+            peak: float | None = None, fill: int = 0) -> tuple[XLConfig, int, int, dict[str, float]]:
     """(config, batch, tgt_len, :func:`run`'s figures) for an experiment name and ``FIELD=VALUE`` overrides."""
     fields, default_batch, tgt_len = experiment_shape(experiment)
     for item in overrides:
@@ -116,7 +138,8 @@ def measure(experiment: str, precision: str, device: torch.device, steps: int, w
         fields[key] = int(value)
     cfg = XLConfig.from_dict(fields)
     batch = batch or default_batch
-    return cfg, batch, tgt_len, run(cfg, batch, tgt_len, device, AUTOCAST[precision], compile, steps, warmup, peak)
+    return cfg, batch, tgt_len, run(cfg, batch, tgt_len, device, AUTOCAST[precision], compile, steps, warmup, peak,
+                                    fill)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -133,16 +156,32 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak, if not in the table")
     p.add_argument("--set", metavar="FIELD=VALUE", action="append", default=[],
                    help="override an integer XLConfig field, e.g. --set n_layer=2 (smoke runs)")
+    p.add_argument("--estimate", action="store_true",
+                   help="also the experiment's time: its trainer.max_steps at the measured rate, its retrieval "
+                        "stores filled first as at its last curriculum stage")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     name, peak = peak_tflops(device)
+    fill, estimate = 0, None
+    if args.estimate:
+        if args.experiment == "S":
+            p.error("--estimate needs an experiment's trainer.max_steps; name a conf/experiment config")
+        fields, default_batch, tgt_len = experiment_shape(args.experiment)
+        steps, fill, filled = run_estimate(args.experiment, fields, args.batch or default_batch, tgt_len)
     cfg, batch, tgt_len, r = measure(args.experiment, args.precision, device, args.steps, args.warmup, args.batch,
-                                     args.set, args.compile, args.peak_tflops or peak)
+                                     args.set, args.compile, args.peak_tflops or peak, fill)
+    if args.estimate:
+        tokens = steps * batch * tgt_len
+        r["estimate_h"] = tokens / r["tokens_per_s"] / 3600
+        estimate = (f"estimate : {steps:,} steps of {batch} x {tgt_len} tokens: "
+                    f"{r['estimate_h']:.1f} h at {r['tokens_per_s']:,.0f} tokens/s, {filled}")
     print(f"device   : {name}, torch {torch.__version__}, {args.precision}, compile={args.compile}")
     print(f"config   : {args.experiment} ({cfg.n_layer} layers, d_model {cfg.d_model}), batch {batch}, "
           f"tgt_len {tgt_len}, mem_len {cfg.mem_len}")
     print(f"tokens/s : {r['tokens_per_s']:,.0f}   step {r['step_ms']:.1f} ms")
     print(f"TFLOP/s  : {r['tflops']:.1f}   MFU {r['mfu']:.1%}   peak memory {r['peak_gib']:.2f} GiB")
+    if estimate:
+        print(estimate)
     return r
 
 
