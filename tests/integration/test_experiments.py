@@ -162,13 +162,14 @@ def test_the_study_memories_compose_with_babilong_long_as_the_page_lists_them():
     table = page.split("The memories, each with the overrides of its runs:")[1].split("\n\n")[1]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[3:]]
     kinds = {"none": "CacheConfig", "cache": "CacheConfig", "compressive": "CompressiveConfig",
-             "memory tokens": "TokensConfig", "retrieval": "KnnConfig"}
+             "memory tokens": "TokensConfig", "retrieval": "KnnConfig", "retrieval+recency": "KnnConfig"}
     assert [r[0] for r in rows] == list(kinds)
     for name, overrides, holds in rows:
         cfg = compose_config("experiment=babilong_long", "init_from=runs/start",
                              "data.tokenizer_file=runs/start/vocab.json", *overrides.strip("`").split())
         check_config(cfg, shape=False)
         assert cfg.memory._target_.endswith(kinds[name]) and (cfg.memory.mem_len == 0) == (name == "none"), name
+        assert cfg.memory.get("knn_recency", False) == name.endswith("+recency"), name
         for key in ("mem_len", "cmem_len", "knn_size", "num_tokens"):
             if cfg.memory.get(key):
                 assert f"{cfg.memory[key]:,}" in holds, (name, key)
