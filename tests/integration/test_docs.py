@@ -69,7 +69,7 @@ SKIP = {
     "python -m xl.bench.gpu --experiment enwik8_base": "needs a CUDA GPU",
     "python -m xl.bench.gpu --experiment babilong_gpu --estimate": "needs a CUDA GPU",
     "python train.py experiment=babilong_gpu hydra.run.dir=runs/gpu":
-        "a GPU's run, with PG-19 from the Hugging Face hub; tests/integration/test_experiments.py trains its first steps",
+        "a GPU's run, PG-19 from the Hugging Face hub; tests/integration/test_experiments.py trains its first steps",
     "python -m xl.babilong ckpt=runs/gpu tasks=[qa1,qa2] lengths=[0,1k,4k,16k,64k,128k]":
         "scores the GPU run the command above makes",
     # hours of CPU

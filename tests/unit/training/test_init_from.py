@@ -164,3 +164,18 @@ def test_a_missing_weight_of_the_model_itself_is_still_refused(tmp_path, corpus)
                                               r"layers\.0\.attn\.r_w_bias is missing"):
         build_run(compose_config(*base, "memory=tokens", f"init_from={tmp_path / 'edited.ckpt'}",
                                  f"paths.output_dir={tmp_path / 'other'}"))
+
+
+def test_a_weight_under_a_module_no_memory_of_the_checkpoint_builds_is_refused(tmp_path, corpus):
+    """Only the checkpoint's own memory's modules are left out: a weight under any other module this model lacks
+    (a later model class's, an edited file) is refused, not dropped."""
+    from tests.conftest import tiny_overrides
+
+    base = [*tiny_overrides(tmp_path, corpus), "trainer.max_steps=1", "test=false"]
+    first = build_run(compose_config(*base, "memory=tokens"))
+    first.trainer.fit(first.module, datamodule=first.datamodule)
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    state["state_dict"]["model.future.weight"] = torch.zeros(2)
+    torch.save(state, tmp_path / "edited.ckpt")
+    with pytest.raises(CheckpointError, match=r"init_from=.* holds weights that do not fit this model: .*future"):
+        build_run(compose_config(*base, f"init_from={tmp_path / 'edited.ckpt'}", f"paths.output_dir={tmp_path / 'b'}"))

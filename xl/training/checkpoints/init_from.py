@@ -80,17 +80,28 @@ def check_data(checkpoint: Checkpoint | None, datamodule: Any) -> None:
         checkpoint.check_tokenizer(datamodule.vocab_size, datamodule.tokenizer_fingerprint, SETTING)
 
 
+def memory_modules(model_config: dict[str, Any]) -> tuple[str, ...]:
+    """The names of the modules that hold the own weights of the memory a checkpoint's model was built with (the
+    variant's :meth:`~xl.model.memory.Memory.build`, on that model's config)."""
+    from xl.model.config import XLConfig
+
+    config = XLConfig.from_dict(model_config)
+    return tuple(config.memory.memory(config).build())
+
+
 def load_weights(checkpoint: Checkpoint | None, module: Any) -> None:
     """Copy the checkpoint's weights into ``module.model``, every tensor checked first. The memory is the new run's:
     weights of its own that the checkpoint lacks (a run with another memory) keep this run's initial values, as the
-    Recurrent Memory Transformer adds its memory tokens to a trained model; weights of the checkpoint's memory under
-    a module this model lacks are left out. A line says which."""
+    Recurrent Memory Transformer adds its memory tokens to a trained model; weights of the checkpoint's memory (under
+    the modules its memory builds) that this model lacks are left out. Any other weight that does not fit is refused.
+    A line says which."""
     if checkpoint is None:
         return
     model = module.model
     saved, wanted = checkpoint.model_weights(), model.state_dict()
     children = {name for name, _ in model.named_children()}
-    left_out = sorted(k for k in saved if k.split(".", 1)[0] not in children)
+    theirs = set(memory_modules(checkpoint.model_config)) - children
+    left_out = sorted(k for k in saved if k.split(".", 1)[0] in theirs)
     fresh = sorted(k for k in wanted if k.split(".", 1)[0] in model.memory_modules and k not in saved)
     weights = {k: v for k, v in saved.items() if k not in left_out}
     checkpoint.check_weights(model, SETTING, weights, fresh)
