@@ -124,6 +124,8 @@ def test_a_sweep_ends_with_one_summary_table_and_plot(qa1_run, tmp_path, monkeyp
     ("tasks=[qa7]", "tasks must be a list of qa1, qa2, qa3, qa4, qa5"),
     ("lengths=[0,2kb]", "lengths must be a list of lengths"),
     ("samples=0", "samples must be"),
+    ("+memory.mem_len=64", "memory.mem_len is the decoder's here: set mem_len=VALUE, the scorer's own key"),
+    ("+memory.knn_top_k=4", "memory.knn_top_k is not a setting of the checkpoint's cache memory"),
 ])
 def test_bad_settings_stop_in_one_sentence(qa1_run, setting, message, monkeypatch, tmp_path):
     with pytest.raises(SystemExit) as stop:
@@ -362,3 +364,31 @@ def test_a_study_tables_scorings_by_memory_over_seeds_against_the_rules(qa1_run,
     with pytest.raises(SystemExit, match=r"'cache': give each memory once as NAME=SCORING"):
         study.main(["cache", "--out", str(tmp_path / "refused")])
     assert not (tmp_path / "refused").exists()  # nothing written for a refused study
+
+
+def test_the_memory_s_evaluation_settings_are_the_scoring_s(tmp_path, monkeypatch):
+    """+memory.knn_top_k (and the memory's other evaluation settings) read the samples with the trained weights and
+    that setting: results.json names the memory the reader read with, and a rerun into the folder with another value
+    is refused. A setting the weights were trained with is refused in one sentence."""
+    from omegaconf import OmegaConf
+
+    from xl.babilong.score import evaluated_model
+    from xl.training.runs import TrainedRun
+
+    monkeypatch.setenv("XL_CACHE_DIR", str(tmp_path / "cache"))
+    knn = ["memory=knn", "memory.knn_size=64", "memory.knn_top_k=4", "memory.knn_recency=true"]
+    run_hydra_main(train.main, ["train.py", *TRAIN, *knn, f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch)
+    out = tmp_path / "score"
+    common = ["xl.babilong", f"ckpt={tmp_path / 'run'}", "tasks=[qa1]", "lengths=[300]", "samples=3", "logger=none"]
+    run_hydra_main(score.main, [*common, "+memory.knn_top_k=2", f"hydra.run.dir={out}"], monkeypatch)
+    values = json.loads((out / "results.json").read_text())
+    assert "knn_top_k=2" in values["memory"] and values["identity"]["memory"] == {"knn_top_k": 2}
+    run = TrainedRun.open(str(tmp_path / "run"))
+    cfg = OmegaConf.create({"memory": {"knn_top_k": 2}})
+    model = run.model(evaluated_model(cfg, run))
+    assert model.memory.settings.knn_top_k == 2 and run.model().memory.settings.knn_top_k == 4
+    with pytest.raises(SystemExit, match="holds another scoring"):
+        run_hydra_main(score.main, [*common, "+memory.knn_top_k=3", f"hydra.run.dir={out}"], monkeypatch)
+    with pytest.raises(SystemExit, match="memory.knn_recency cannot change at evaluation"):
+        run_hydra_main(score.main, [*common, "+memory.knn_recency=false", f"hydra.run.dir={tmp_path / 'x'}"],
+                       monkeypatch)

@@ -24,8 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from xl.babilong.baselines import ANSWERS, RULES
 from xl.babilong.heatmap import draw_heatmaps
 from xl.data.babilong.lengths import length_name
-from xl.model import memory_settings
-from xl.model.memory_settings import MemoryContext, describe
+from xl.model.memory_settings import MemoryConfig, MemoryContext, describe
 from xl.training.build import run_identity
 from xl.training.services.callbacks import write_json
 from xl.training.services.console import quiet_wandb
@@ -73,9 +72,10 @@ class Cell:
                 "tok_s": self.read_tokens / self.seconds if self.seconds else None}
 
 
-def record(cfg: DictConfig, run: Any, context: MemoryContext, decoding: str, background: str,
+def record(cfg: DictConfig, run: Any, context: MemoryContext, memory: MemoryConfig, decoding: str, background: str,
            cells: list[Cell], identity: dict[str, Any] | None = None, complete: bool = True) -> dict[str, Any]:
-    """One scoring as ``results.json`` holds it: the run, the context, whether every cell is scored (``complete``)
+    """One scoring as ``results.json`` holds it: the run, the context and the memory read with (the scoring's
+    evaluation settings on the checkpoint's), whether every cell is scored (``complete``)
     and what the cells depend on (``identity``), then accuracy per task and length (and the mean over tasks per
     length, where every task has it), each rule's accuracy per task and length, then every cell with its
     cost."""
@@ -90,7 +90,7 @@ def record(cfg: DictConfig, run: Any, context: MemoryContext, decoding: str, bac
     return {
         "ckpt": str(run.checkpoint.path.resolve()), "step": run.checkpoint.global_step,
         "run": str(run.folder.resolve()) if run.folder else None, "mem_len": model["mem_len"],
-        "memory": describe(memory_settings.variant(model.get("memory"))), "window": context.mem_len,
+        "memory": describe(memory), "window": context.mem_len,
         "clamp_len": context.clamp_len, "same_length": context.same_length, "decoding": decoding,
         "background": background, "samples": cfg.samples, "seed": cfg.seed, "tasks": tasks, "lengths": lengths,
         "complete": complete, "identity": identity, "accuracy": accuracy, "mean": mean, "baselines": baselines,

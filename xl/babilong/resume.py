@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from xl.babilong.report import Cell
 from xl.config.rules import ConfigError
@@ -38,7 +38,9 @@ def identity(cfg: DictConfig, checkpoint: Any, decoding: str, background: str, d
             "ckpt_mtime_ns": stat.st_mtime_ns, "tasks": [str(t) for t in cfg.tasks],
             "lengths": [length_name(n) for n in cfg.lengths], "samples": cfg.samples, "seed": cfg.seed,
             "batch_size": cfg.batch_size, "max_new_tokens": cfg.max_new_tokens, "decoding": decoding,
-            "background": background, "device": device}
+            "background": background, "device": device,
+            # the memory's evaluation settings, where the scoring gives any
+            **({"memory": dict(OmegaConf.to_container(cfg.memory))} if cfg.get("memory") else {})}
 
 
 def kept_cells(path: Path, expected: dict[str, Any], setting: str) -> list[Cell]:

@@ -47,6 +47,7 @@ from xl.data.babilong.lengths import length_name, parse_length
 from xl.data.babilong.samples import Sample, samples
 from xl.data.sources import StdlibSource
 from xl.generation import decoding_context
+from xl.model import memory_settings
 from xl.model.memory_settings import MemoryContext
 from xl.training.runs import TrainedRun
 from xl.training.services.callbacks import write_json
@@ -131,6 +132,23 @@ def background_of(cfg: DictConfig, run: TrainedRun) -> Any:
         raise ConfigError(f"data.background: {str(cause).splitlines()[0]}") from None
 
 
+def evaluated_model(cfg: DictConfig, run: TrainedRun) -> dict[str, Any]:
+    """The checkpoint's model config with the scoring's values of its memory's evaluation settings
+    (``+memory.NAME=VALUE``: :attr:`xl.model.memory_settings.MemoryConfig.evaluation_settings`)."""
+    model = run.checkpoint.model_config
+    given = dict(OmegaConf.to_container(cfg.memory)) if cfg.get("memory") else {}
+    if not given:
+        return model
+    decoder = sorted(set(given) & {"mem_len", "clamp_len", "same_length"})
+    if decoder:
+        raise ConfigError(f"memory.{decoder[0]} is the decoder's here: set {decoder[0]}=VALUE, the scorer's own key")
+    try:
+        memory = memory_settings.for_evaluation(memory_settings.variant(model.get("memory")), given)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return {**model, "memory": memory.to_dict()}
+
+
 def reader_of(cfg: DictConfig, run: TrainedRun) -> tuple[Reader, str]:
     device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
                           else "cpu")
@@ -138,7 +156,7 @@ def reader_of(cfg: DictConfig, run: TrainedRun) -> tuple[Reader, str]:
     if seg_len is None:
         raise ConfigError(f"ckpt={cfg.ckpt} does not record its training segment length; set seg_len=N")
     tokenizer = run.tokenizer
-    model = run.model().to(device)
+    model = run.model(evaluated_model(cfg, run)).to(device)
     context, described = decoding_context(OmegaConf.merge(cfg, {"seg_len": seg_len}), run.checkpoint)
     try:
         model.decoder(1, context.mem_len, clamp_len=context.clamp_len, same_length=context.same_length)
@@ -211,9 +229,11 @@ def score_cells(cfg: DictConfig, progress: Progress, stop: SignalStop) -> dict[s
         cells.append(cell)
         if len(cells) < len(plan):
             with stop.held():
-                write_json(path, record(cfg, run, reader.context, described, setting, cells, settings, False))
+                values = record(cfg, run, reader.context, reader.model.config.memory, described, setting, cells,
+                                settings, False)
+                write_json(path, values)
                 progress.kept = len(cells)
-    values = record(cfg, run, reader.context, described, setting, cells, settings)
+    values = record(cfg, run, reader.context, reader.model.config.memory, described, setting, cells, settings)
     with stop.held():
         written = write_results(cfg.paths.output_dir, values)
         progress.kept = len(cells)

@@ -356,6 +356,9 @@ class ScoreSchema(DecodingContext):
     seg_len: int | None = setting(None, bound=optional(POSITIVE), help="segments read; null: the run's training length")
     device: str = setting("auto", bound=one_of("auto", "cpu", "cuda"), help="auto: a CUDA GPU if there is one")
     data: Any = setting(None, help="data/background=stdlib, pg19 or text: another background than the run's")
+    memory: dict[str, Any] = setting(factory=dict, help="the memory's evaluation settings, +memory.NAME=VALUE (the "
+                                                        "retrieval memory's knn_size, knn_top_k, knn_search; the "
+                                                        "compressive memory's cmem_len); the checkpoint's otherwise")
     logger: Any = setting(None)
     paths: PathsSchema = setting(factory=PathsSchema)
     run_name: str | None = setting(None, help="the W&B run's name; null: the overrides")

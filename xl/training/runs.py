@@ -257,6 +257,6 @@ class TrainedRun:
         """The fitted tokenizer the model was trained with (checked against the checkpoint's fingerprint)."""
         return self.datamodule().tokenizer
 
-    def model(self) -> TransformerXL:
-        """The trained model in evaluation mode."""
-        return self.checkpoint.load_model()
+    def model(self, model_config: dict[str, Any] | None = None) -> TransformerXL:
+        """The trained model in evaluation mode (``model_config``: see :meth:`Checkpoint.load_model`)."""
+        return self.checkpoint.load_model(model_config=model_config)

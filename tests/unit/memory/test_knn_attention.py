@@ -11,7 +11,7 @@ import torch
 from torch.nn import functional as F
 
 from xl.memory.knn import store
-from xl.memory.knn.attention import RetrievalGate, default_layers, gated_retrieval, initial_scale
+from xl.memory.knn.attention import RECENCY_RANKS, RetrievalGate, default_layers, gated_retrieval, initial_scale
 from xl.memory.knn.search import exact_topk, gather, recency_ranks
 from xl.model.documents import positions
 from xl.model.eviction import leaving
@@ -193,10 +193,14 @@ def test_a_layers_parameters_start_at_half_gate_and_henry_et_als_scale():
 def test_the_recency_table_starts_at_zero_and_a_rank_past_its_last_takes_its_last_bias():
     q, local, keys, values, valid, _, _ = inputs(dtype=torch.float32)  # k = 5 retrieved
     module = RetrievalGate(3, top_k=3, recency=True)
-    assert torch.equal(module.order, torch.zeros(3, 3))
+    # One table whatever top_k, so that evaluation may retrieve another number of entries with the trained weights.
+    assert torch.equal(module.order, torch.zeros(3, RECENCY_RANKS))
+    assert RetrievalGate(3, top_k=64, recency=True).order.shape == (3, RECENCY_RANKS)
     ranks = torch.arange(5).expand(2, 3, 4, 5)
     assert torch.equal(module(q, local, keys, values, valid, ranks), module(q, local, keys, values, valid))
     with torch.no_grad():
-        module.order.copy_(torch.arange(9.0).view(3, 3))
-    assert module.recency_bias(ranks)[1, 2, 3].tolist() == [6.0, 7.0, 8.0, 8.0, 8.0]
+        module.order.copy_(torch.arange(3.0 * RECENCY_RANKS).view(3, RECENCY_RANKS))
+    last = 3 * RECENCY_RANKS - 1.0
+    assert module.recency_bias(ranks)[1, 2, 3].tolist() == [2 * RECENCY_RANKS + r for r in range(5)]
+    assert module.recency_bias(ranks + RECENCY_RANKS - 2)[1, 2, 3].tolist() == [last - 1, last, last, last, last]
     assert RetrievalGate(3, top_k=3).order is None and len(list(RetrievalGate(3, top_k=3).parameters())) == 2

@@ -33,7 +33,7 @@ def knn_model(mem_len: int = 3, knn_layers=(0, 1), size: int = 5, top_k: int = 3
             gate.gate.copy_(torch.randn(cfg.n_head))
             gate.scale.copy_(torch.rand(cfg.n_head) * 4 + 1)
             if recency:
-                gate.order.copy_(torch.randn(cfg.n_head, top_k) * 3)
+                gate.order.copy_(torch.randn(gate.order.shape) * 3)
     return model
 
 

@@ -10,10 +10,11 @@ local attention's content query ``q + u`` normalised here), times a learned per-
 code scales attention over normalised keys. Retrieved keys carry no position: no relative term is added, as in the
 paper ("We don't use a position bias for the retrieved memories"). With ``memory.knn_recency=true`` (not in the paper)
 they carry their order instead: each entry's score gets a learned bias of its head for its rank by age among the
-query's retrieved entries (0 the newest; ranks past the table's last take its last bias), so that a head can prefer
-the newest of several entries that match alike. A query that retrieved no entry (an empty store,
-the first segment of a document) keeps the local output unchanged: with nothing to retrieve the layer is the plain
-one. Nothing flows back into the retrieved keys and values: the store takes no gradient.
+query's retrieved entries (0 the newest; a table of :data:`RECENCY_RANKS` ranks, whatever ``knn_top_k``, the older
+ranks taking its last bias), so that a head can prefer the newest of several entries that match alike. A query
+that retrieved no entry (an empty store, the first segment of a document) keeps the local output unchanged: with
+nothing to retrieve the layer is the plain one. Nothing flows back into the retrieved keys and values: the store
+takes no gradient.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ import math
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+
+# Ranks by age with a recency bias of their own; older ranks share the last one. Fixed, not knn_top_k: evaluation may
+# retrieve another number of entries with the weights trained.
+RECENCY_RANKS = 32
 
 
 def default_layers(n_layer: int) -> tuple[int, ...]:
@@ -76,13 +81,13 @@ None: added to the scaled scores (the recency bias, :meth:`RetrievalGate.recency
 class RetrievalGate(nn.Module):
     """One retrieval layer's learned parameters, the gate's logits ``gate`` [H] (0 at first: g = 0.5, as the authors'
     code starts) and the scores' ``scale`` [H] (:func:`initial_scale` at first), applied by :func:`gated_retrieval`;
-    with ``recency``, the bias ``order`` [H, top_k] of each rank by age (0 at first: no preference)."""
+    with ``recency``, the bias ``order`` [H, RECENCY_RANKS] of each rank by age (0 at first: no preference)."""
 
     def __init__(self, n_head: int, top_k: int, recency: bool = False) -> None:
         super().__init__()
         self.gate = nn.Parameter(torch.zeros(n_head))
         self.scale = nn.Parameter(torch.full((n_head,), initial_scale(top_k)))
-        self.order = nn.Parameter(torch.zeros(n_head, top_k)) if recency else None
+        self.order = nn.Parameter(torch.zeros(n_head, RECENCY_RANKS)) if recency else None
 
     def untouched(self, local: Tensor) -> Tensor:
         """``local`` as it is, with the parameters in its graph (a zero gradient for each), for a segment where no
@@ -92,7 +97,7 @@ class RetrievalGate(nn.Module):
 
     def recency_bias(self, ranks: Tensor) -> Tensor:
         """The bias [B, H, L, k] of entries whose ranks by age are ``ranks`` [B, H, L, k] (0 the newest retrieved),
-        a rank past the table's last taking its last bias (evaluation may retrieve more entries than training)."""
+        a rank past the table's last taking its last bias."""
         B, H, L, k = ranks.shape
         table = self.order.view(1, H, 1, -1).expand(B, H, L, -1)
         return table.gather(-1, ranks.clamp(max=self.order.size(1) - 1))

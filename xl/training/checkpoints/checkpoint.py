@@ -201,11 +201,14 @@ class Checkpoint:
             raise CheckpointError(f"{setting}={self.path} holds weights that do not fit this model: {problems[0]}"
                                   f"{more}; use a checkpoint this project's train.py wrote for these model options")
 
-    def load_model(self, vocab_size: int | None = None, setting: str = "ckpt") -> TransformerXL:
-        """The trained model in evaluation mode; ``vocab_size``: the tokenizer's, refused if it differs."""
+    def load_model(self, vocab_size: int | None = None, setting: str = "ckpt",
+                   model_config: dict[str, Any] | None = None) -> TransformerXL:
+        """The trained model in evaluation mode; ``vocab_size``: the tokenizer's, refused if it differs;
+        ``model_config``: the checkpoint's with evaluation's values of its memory's evaluation settings (None: the
+        checkpoint's own)."""
         if vocab_size is not None:
             check_vocabulary(self.model_config["vocab_size"], vocab_size, self.path, setting)
-        model = TransformerXL(XLConfig.from_dict(self.model_config))
+        model = TransformerXL(XLConfig.from_dict(model_config or self.model_config))
         self.check_weights(model, setting)
         model.load_state_dict(self.model_weights())
         return model.eval()
