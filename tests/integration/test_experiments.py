@@ -187,6 +187,14 @@ def test_babilong_gpu_scales_the_study_for_one_gpu_and_its_first_steps_train(tmp
     assert cfg.data.background._target_.endswith("PG19Source") and cfg.memory.knn_recency is True
     assert (cfg.model.n_layer, cfg.model.d_model, cfg.data.tasks) == (6, 256, ["qa1", "qa2"])
     assert [s.data["length"] for s in stages(cfg.curriculum)][-4:] == ["1k", "4k", "16k", "64k"]
+    assert (cfg.data.batch_size, cfg.data.tgt_len, cfg.trainer.max_steps, cfg.model.init_std) == (32, 256, 40000, 0.05)
+    assert (cfg.memory.mem_len, cfg.memory.knn_size, cfg.data.tokenizer_kwargs.max_size) == (256, 131072, 16000)
+    # docs/babilong.md's table of it says what the config holds
+    page = (CONF_DIR.parent / "docs" / "babilong.md").read_text()
+    table = page.split("| | the CPU study | `experiment=babilong_gpu` |")[1].split("\n\n")[0]
+    for says in ("6 layers of 256, 4 heads of 64", "32 × 256", "1K, 4K, 16K and 64K, 40,000 steps", "16,000",
+                 "a cache of 256, a store of 131,072 entries", "0, 1K, 4K, 16K, 64K, 128K"):
+        assert says in table, says
     tiny = compose_config("experiment=babilong_gpu", "data/background=stdlib", "model.n_layer=2", "model.d_model=32",
                           "model.n_head=2", "model.d_head=16", "model.d_inner=64", "memory.mem_len=16",
                           "memory.knn_size=256", "data.batch_size=2", "data.tgt_len=16", "data.eval_samples=4",
