@@ -10,6 +10,7 @@ FLOP rate by the device's dense bf16 peak (a small table, or ``--peak-tflops``).
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Sequence
 
@@ -76,20 +77,24 @@ def experiment_shape(name: str) -> tuple[dict, int, int]:
 
 def run_estimate(name: str, fields: dict, batch: int, tgt_len: int) -> tuple[int, int, str]:
     """For ``--estimate``: the experiment's steps (``trainer.max_steps``, each of ``batch`` × ``tgt_len`` tokens), the
-    entries a retrieval store holds before the timed steps (its size, or the last curriculum stage's sample length if
-    shorter: a store holds one document), and that in words."""
+    positions its memory holds beyond the cache (a retrieval store's entries: :meth:`MemoryConfig.held`) filled before
+    the timed steps (all, or the last curriculum stage's sample length if fewer: a memory holds one document), and
+    that in words."""
     from xl.config.curriculum import stages
     from xl.data.babilong.lengths import parse_length
+    from xl.model import memory_settings
 
     cfg = compose("config", [f"experiment={name}"])
     steps = int(cfg.trainer.max_steps)
-    size = fields.get("memory", {}).get("knn_size")
-    if not size:
-        return steps, 0, "no retrieval store"
+    mem_len = fields["mem_len"]
+    beyond = max(memory_settings.variant(fields.get("memory")).held(mem_len, 1, fields["n_layer"])) - mem_len
+    if beyond <= 0 or math.isinf(beyond):  # a recurrent memory's reach has no bound, and nothing to fill
+        return steps, 0, "no memory to fill beyond the cache"
     last = stages(cfg.get("curriculum") or [])
     length = parse_length(last[-1].data["length"]) if last else parse_length(cfg.data.get("length", 0) or 0)
-    fill = min(size, length) if length else size
-    return steps, fill, f"the stores holding {fill:,} entries, as at the last stage's length: an upper bound"
+    fill = min(beyond, length) if length else beyond
+    return steps, fill, f"the memory holding {fill:,} positions beyond the cache, as at the last stage's length: " \
+                        "an upper bound"
 
 
 def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: torch.dtype | None, compile: bool,
