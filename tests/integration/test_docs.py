@@ -280,6 +280,8 @@ SCALE_IF = {  # appended when the command selects what the key names
                                        "model.d_head=16", "model.d_inner=64", "memory.mem_len=16",
                                        "trainer.limit_train_batches=2"],
     "--score": ["--score", "data.source.eval_episodes=4"],  # xl.probe's scoring episodes (--score extends)
+    # the study's scorings read the same code at 1K as at 16K: 0 and 1K are enough here (the last override wins)
+    "lengths=[0,1k,4k,16k]": ["lengths=[0,1k]"],
 }
 SCALE_UNLESS_SET = {  # appended unless the command sets the key itself
     "train.py": ["logger=none"],
@@ -372,6 +374,12 @@ def all_blocks() -> list[tuple[str, list[Command]]]:
 
 
 ALL_BLOCKS = all_blocks()
+# Blocks of minutes, run with -m slow: what they run is also tested in the default suite (the study's block: its
+# experiments in test_experiments.py, its scorer and table in test_babilong_score.py, export and convert in theirs).
+SLOW_BLOCKS = {"python train.py experiment=babilong seed=1 hydra.run.dir=runs/study/bind-1"}
+BLOCK_PARAMS = [pytest.param(where, commands, id=where,
+                             marks=[pytest.mark.slow] if commands and commands[0].key in SLOW_BLOCKS else [])
+                for where, commands in ALL_BLOCKS]
 
 
 # ---------------------------------------------------------------------------------------------------------- shell
@@ -606,7 +614,7 @@ def run_block(commands: list[Command], workspace: Path) -> None:
                             "make it runnable or add it to SKIP with the reason")
 
 
-@pytest.mark.parametrize("where, commands", ALL_BLOCKS, ids=[where for where, _ in ALL_BLOCKS])
+@pytest.mark.parametrize("where, commands", BLOCK_PARAMS)
 def test_documented_commands_run_as_written(where, commands, workspace):
     run_block(commands, workspace)
 
@@ -739,3 +747,8 @@ def test_the_console_scripts_return_nothing_to_print():
         target = f"{module}:{function}"
         returns = inspect.signature(getattr(importlib.import_module(module), function)).return_annotation
         assert returns in (None, "None"), f"{name} = {target} returns {returns}"
+
+
+def test_every_slow_block_is_still_shown():
+    firsts = {commands[0].key for _, commands in ALL_BLOCKS if commands}
+    assert SLOW_BLOCKS <= firsts, f"SLOW_BLOCKS names blocks no document begins with: {sorted(SLOW_BLOCKS - firsts)}"
