@@ -206,15 +206,11 @@ def eval_model_config(cfg: DictConfig, checkpoint: Checkpoint) -> dict[str, Any]
     """The checkpoint's model config, with the evaluation's values of its memory's evaluation settings: every key of
     ``memory`` other than the shared context's (``+memory.NAME=VALUE``; see
     :attr:`xl.model.memory_settings.MemoryConfig.evaluation_settings`)."""
-    model = checkpoint.model_config
     given = {k: v for k, v in OmegaConf.to_container(cfg.memory).items() if k not in CONTEXT_KEYS}
-    if not given:
-        return model
     try:
-        memory = memory_settings.for_evaluation(memory_settings.variant(model.get("memory")), given)
+        return memory_settings.evaluated_model(checkpoint.model_config, given)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    return {**model, "memory": memory.to_dict()}
 
 
 def build_evaluator(cfg: DictConfig, checkpoint: Checkpoint, datamodule: Any,

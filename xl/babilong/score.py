@@ -135,18 +135,14 @@ def background_of(cfg: DictConfig, run: TrainedRun) -> Any:
 def evaluated_model(cfg: DictConfig, run: TrainedRun) -> dict[str, Any]:
     """The checkpoint's model config with the scoring's values of its memory's evaluation settings
     (``+memory.NAME=VALUE``: :attr:`xl.model.memory_settings.MemoryConfig.evaluation_settings`)."""
-    model = run.checkpoint.model_config
     given = dict(OmegaConf.to_container(cfg.memory)) if cfg.get("memory") else {}
-    if not given:
-        return model
     decoder = sorted(set(given) & {"mem_len", "clamp_len", "same_length"})
     if decoder:
         raise ConfigError(f"memory.{decoder[0]} is the decoder's here: set {decoder[0]}=VALUE, the scorer's own key")
     try:
-        memory = memory_settings.for_evaluation(memory_settings.variant(model.get("memory")), given)
+        return memory_settings.evaluated_model(run.checkpoint.model_config, given)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    return {**model, "memory": memory.to_dict()}
 
 
 def reader_of(cfg: DictConfig, run: TrainedRun) -> tuple[Reader, str]:

@@ -238,6 +238,14 @@ def for_evaluation(config: MemoryConfig, given: dict[str, Any]) -> MemoryConfig:
     return dataclasses.replace(config, **given) if given else config
 
 
+def evaluated_model(model: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's model config ``model`` with the evaluation's values ``given`` of its memory's evaluation settings
+    (:func:`for_evaluation`; ValueError in one sentence); ``model`` itself where none is given."""
+    if not given:
+        return model
+    return {**model, "memory": for_evaluation(variant(model.get("memory")), given).to_dict()}
+
+
 def describe(config: MemoryConfig) -> str:
     """The variant and its own settings in one cell of a table: ``name(setting=value, ...)``."""
     own = ", ".join(f"{f.name}={getattr(config, f.name)}" for f in config.user_fields())
