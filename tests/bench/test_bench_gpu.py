@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from xl.bench.gpu import experiment_shape, main, model_flops, run_estimate
+from xl.bench.gpu import experiment_config, experiment_shape, main, model_flops, run_estimate
 from xl.bench.shared import CONFIG_S
 from xl.model.config import XLConfig
 from xl.model.transformer import TransformerXL
@@ -51,10 +51,12 @@ def test_experiment_shapes():
 def test_an_experiment_s_time_is_estimated_from_the_measured_rate(capsys):
     """--estimate: trainer.max_steps of batch × tgt_len tokens at the measured tokens/s; a retrieval store is filled
     first as at the last curriculum stage (babilong_gpu: 64K tokens of its 131,072 entries)."""
-    fields, batch, tgt_len = experiment_shape("babilong_gpu")
+    composed = experiment_config("babilong_gpu")
+    fields, batch, tgt_len = experiment_shape("babilong_gpu", composed)
     assert (fields["vocab_size"], fields["memory"]["knn_size"], batch, tgt_len) == (16002, 131072, 32, 256)
-    assert run_estimate("babilong_gpu", fields, batch, tgt_len)[:2] == (40000, 64000)
-    assert run_estimate("babilong_long", *experiment_shape("babilong_long"))[:2] == (3000, 0)  # the cache alone
+    assert run_estimate(composed, fields)[:2] == (40000, 64000)
+    composed = experiment_config("babilong_long")
+    assert run_estimate(composed, experiment_shape("babilong_long", composed)[0])[:2] == (3000, 0)  # the cache alone
     r = main(["--experiment", "babilong_long", "--estimate", "--device", "cpu", "--precision", "32-true",
               "--steps", "1", "--warmup", "1", "--batch", "2", "--set", "n_layer=1"])
     out = capsys.readouterr().out

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 import torch
+from omegaconf import DictConfig
 
 from xl.bench.runner import SegmentRunner, token_stream
 from xl.bench.shared import CONFIG_S
@@ -61,30 +62,35 @@ def peak_tflops(device: torch.device) -> tuple[str, float | None]:
     return name, next((peak for key, peak in PEAK_BF16_TFLOPS if key in name), None)
 
 
-def experiment_shape(name: str) -> tuple[dict, int, int]:
-    """(XLConfig fields with mem_len, per-device batch, tgt_len) of a conf/experiment overlay, or of config S
-    (``S``: the CPU benchmark's model, batch 8, segments of 128). The head has 256 symbols, or a word vocabulary's
-    ``max_size`` and its two special symbols where the experiment caps one (one softmax: the cutoffs are fitted
-    to the data, which is not read here)."""
+def experiment_config(name: str) -> DictConfig | None:
+    """The composed config of a conf/experiment overlay (``train.py experiment=NAME``), None for ``S``."""
+    return None if name == "S" else compose("config", [f"experiment={name}"])
+
+
+def experiment_shape(name: str, composed: DictConfig | None = None) -> tuple[dict, int, int]:
+    """(XLConfig fields with mem_len, per-device batch, tgt_len) of a conf/experiment overlay (``composed``: its
+    config from :func:`experiment_config`, composed here if not given), or of config S (``S``: the CPU benchmark's
+    model, batch 8, segments of 128). The head has 256 symbols, or a word vocabulary's ``max_size`` and its two
+    special symbols where the experiment caps one (one softmax: the cutoffs are fitted to the data, which is not
+    read here)."""
     if name == "S":
         return dict(CONFIG_S), 8, 128
     from xl.config.rules import model_values
 
-    cfg = compose("config", [f"experiment={name}"])
+    cfg = composed if composed is not None else experiment_config(name)
     words = (cfg.data.get("tokenizer_kwargs") or {}).get("max_size")
     return model_values(cfg, 256 if words is None else words + 2), cfg.data.batch_size, cfg.data.tgt_len
 
 
-def run_estimate(name: str, fields: dict, batch: int, tgt_len: int) -> tuple[int, int, str]:
-    """For ``--estimate``: the experiment's steps (``trainer.max_steps``, each of ``batch`` × ``tgt_len`` tokens), the
-    positions its memory holds beyond the cache (a retrieval store's entries: :meth:`MemoryConfig.held`) filled before
-    the timed steps (all, or the last curriculum stage's sample length if fewer: a memory holds one document), and
-    that in words."""
+def run_estimate(cfg: DictConfig, fields: dict) -> tuple[int, int, str]:
+    """For ``--estimate``, from an experiment's composed config and its XLConfig ``fields``: its steps
+    (``trainer.max_steps``), the positions its memory holds beyond the cache (a retrieval store's entries:
+    :meth:`MemoryConfig.held`) filled before the timed steps (all, or the last curriculum stage's sample length if
+    fewer: a memory holds one document), and that in words."""
     from xl.config.curriculum import stages
     from xl.data.babilong.lengths import parse_length
     from xl.model import memory_settings
 
-    cfg = compose("config", [f"experiment={name}"])
     steps = int(cfg.trainer.max_steps)
     mem_len = fields["mem_len"]
     beyond = max(memory_settings.variant(fields.get("memory")).held(mem_len, 1, fields["n_layer"])) - mem_len
@@ -135,9 +141,12 @@ def run(cfg: XLConfig, batch: int, tgt_len: int, device: torch.device, dtype: to
 
 def measure(experiment: str, precision: str, device: torch.device, steps: int, warmup: int,
             batch: int | None = None, overrides: Sequence[str] = (), compile: bool = False,
-            peak: float | None = None, fill: int = 0) -> tuple[XLConfig, int, int, dict[str, float]]:
-    """(config, batch, tgt_len, :func:`run`'s figures) for an experiment name and ``FIELD=VALUE`` overrides."""
-    fields, default_batch, tgt_len = experiment_shape(experiment)
+            peak: float | None = None, fill: int = 0, shape: tuple[dict, int, int] | None = None,
+            ) -> tuple[XLConfig, int, int, dict[str, float]]:
+    """(config, batch, tgt_len, :func:`run`'s figures) for an experiment name and ``FIELD=VALUE`` overrides;
+    ``shape``: its :func:`experiment_shape` if already known."""
+    fields, default_batch, tgt_len = shape if shape is not None else experiment_shape(experiment)
+    fields = dict(fields)
     for item in overrides:
         key, _, value = item.partition("=")
         fields[key] = int(value)
@@ -167,14 +176,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = p.parse_args(argv)
     device = torch.device(args.device)
     name, peak = peak_tflops(device)
+    if args.estimate and args.experiment == "S":
+        p.error("--estimate needs an experiment's trainer.max_steps; name a conf/experiment config")
+    composed = experiment_config(args.experiment)
+    shape = experiment_shape(args.experiment, composed)
     fill, estimate = 0, None
     if args.estimate:
-        if args.experiment == "S":
-            p.error("--estimate needs an experiment's trainer.max_steps; name a conf/experiment config")
-        fields, default_batch, tgt_len = experiment_shape(args.experiment)
-        steps, fill, filled = run_estimate(args.experiment, fields, args.batch or default_batch, tgt_len)
+        steps, fill, filled = run_estimate(composed, shape[0])
     cfg, batch, tgt_len, r = measure(args.experiment, args.precision, device, args.steps, args.warmup, args.batch,
-                                     args.set, args.compile, args.peak_tflops or peak, fill)
+                                     args.set, args.compile, args.peak_tflops or peak, fill, shape)
     if args.estimate:
         tokens = steps * batch * tgt_len
         r["estimate_h"] = tokens / r["tokens_per_s"] / 3600
