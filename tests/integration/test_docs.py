@@ -375,9 +375,13 @@ def all_blocks() -> list[tuple[str, list[Command]]]:
 
 
 ALL_BLOCKS = all_blocks()
-# Blocks of minutes, run with -m slow: what they run is also tested in the default suite (the study's block: its
-# experiments in test_experiments.py, its scorer and table in test_babilong_score.py, export and convert in theirs).
-SLOW_BLOCKS = {"python train.py experiment=babilong seed=1 hydra.run.dir=runs/study/bind-1"}
+# Blocks of minutes, or of the longest seconds, run with -m slow: what they run is also tested in the default suite
+# (the study's block: its experiments in test_experiments.py, its scorer and table in test_babilong_score.py, export
+# and convert in theirs; the probes of knn.md and memory-tokens.md, with those memories, in test_probe.py).
+SLOW_BLOCKS = {"python train.py experiment=babilong seed=1 hydra.run.dir=runs/study/bind-1",
+               "python -m xl.probe data.source.gap=600 data.source.eval_episodes=400 --mem-lens 32 --distances 16 48 "
+               "64 128 256 512",
+               "python -m xl.probe data.source.gap=400 memory=tokens --mem-lens 32 --steps 1500"}
 BLOCK_PARAMS = [pytest.param(where, commands, id=where,
                              marks=[pytest.mark.slow] if commands and commands[0].key in SLOW_BLOCKS else [])
                 for where, commands in ALL_BLOCKS]
