@@ -188,8 +188,10 @@ SKIP = {
     "compressive=runs/study/compressive-1-score,runs/study/compressive-2-score,runs/study/compressive-3-score "
     "tokens=runs/study/tokens-1-score,runs/study/tokens-2-score,runs/study/tokens-3-score "
     "retrieval=runs/study/knn-1-score,runs/study/knn-2-score,runs/study/knn-3-score "
-    "retrieval+recency=runs/study/knnr-1-score,runs/study/knnr-2-score,runs/study/knnr-3-score --out runs/study/table":
-        "tables the scorings of eighteen research trainings (about four hours of CPU); the block above runs it",
+    "retrieval+recency=runs/study/knnr-1-score,runs/study/knnr-2-score,runs/study/knnr-3-score "
+    "2-layer-retrieval+recency=runs/study/knn2r-1-score,runs/study/knn2r-2-score,runs/study/knn2r-3-score "
+    "--out runs/study/table":
+        "tables the scorings of 21 research trainings (about five hours of CPU); the block above runs it",
     "python -m xl.babilong.study none=runs/none-1-score,runs/none-2-score cache=runs/cache-1-score --out runs/table":
         "tables scorings that this docstring does not make; docs/babilong.md's study block runs the command",
     "python -m xl.babilong ckpt=runs/recipe/facts-up-to-4 tasks=[qa1] lengths=[0] samples=200 logger=none":

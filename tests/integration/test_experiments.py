@@ -162,7 +162,8 @@ def test_the_study_memories_compose_with_babilong_long_as_the_page_lists_them():
     table = page.split("The memories, each with the overrides of its runs:")[1].split("\n\n")[1]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[3:]]
     kinds = {"none": "CacheConfig", "cache": "CacheConfig", "compressive": "CompressiveConfig",
-             "memory tokens": "TokensConfig", "retrieval": "KnnConfig", "retrieval+recency": "KnnConfig"}
+             "memory tokens": "TokensConfig", "retrieval": "KnnConfig", "retrieval+recency": "KnnConfig",
+             "2-layer-retrieval+recency": "KnnConfig"}
     assert [r[0] for r in rows] == list(kinds)
     for name, overrides, holds in rows:
         cfg = compose_config("experiment=babilong_long", "init_from=runs/start",
@@ -170,6 +171,7 @@ def test_the_study_memories_compose_with_babilong_long_as_the_page_lists_them():
         check_config(cfg, shape=False)
         assert cfg.memory._target_.endswith(kinds[name]) and (cfg.memory.mem_len == 0) == (name == "none"), name
         assert cfg.memory.get("knn_recency", False) == name.endswith("+recency"), name
+        assert (list(cfg.memory.get("knn_layers") or []) == [1, 2]) == name.startswith("2-layer"), name
         for key in ("mem_len", "cmem_len", "knn_size", "num_tokens"):
             if cfg.memory.get(key):
                 assert f"{cfg.memory[key]:,}" in holds, (name, key)
@@ -189,15 +191,17 @@ def test_babilong_gpu_scales_the_study_for_one_gpu_and_its_first_steps_train(tmp
     assert [s.data["length"] for s in stages(cfg.curriculum)][-4:] == ["1k", "4k", "16k", "64k"]
     assert (cfg.data.batch_size, cfg.data.tgt_len, cfg.trainer.max_steps, cfg.model.init_std) == (32, 256, 40000, 0.05)
     assert (cfg.memory.mem_len, cfg.memory.knn_size, cfg.data.tokenizer_kwargs.max_size) == (256, 131072, 16000)
+    assert list(cfg.memory.knn_layers) == [3, 4]  # two retrieval layers, as the CPU study's best
     # docs/babilong.md's table of it says what the config holds
     page = (CONF_DIR.parent / "docs" / "babilong.md").read_text()
     table = page.split("| | the CPU study | `experiment=babilong_gpu` |")[1].split("\n\n")[0]
     for says in ("6 layers of 256, 4 heads of 64", "32 × 256", "1K, 4K, 16K and 64K, 40,000 steps", "16,000",
-                 "a cache of 256, a store of 131,072 entries", "0, 1K, 4K, 16K, 64K, 128K"):
+                 "a cache of 256, a store of 131,072 entries in layers 3 and 4", "0, 1K, 4K, 16K, 64K, 128K"):
         assert says in table, says
     tiny = compose_config("experiment=babilong_gpu", "data/background=stdlib", "model.n_layer=2", "model.d_model=32",
                           "model.n_head=2", "model.d_head=16", "model.d_inner=64", "memory.mem_len=16",
-                          "memory.knn_size=256", "data.batch_size=2", "data.tgt_len=16", "data.eval_samples=4",
+                          "memory.knn_size=256", "memory.knn_layers=[0,1]", "data.batch_size=2", "data.tgt_len=16",
+                          "data.eval_samples=4",
                           "trainer.max_steps=2", "trainer.limit_train_batches=2", "trainer.val_check_interval=2",
                           "trainer.limit_val_batches=2", "trainer.num_sanity_val_steps=0", "logger=none",
                           "curriculum=[{length:0,steps:2},{length:300}]", "precision=32-true",
@@ -205,4 +209,5 @@ def test_babilong_gpu_scales_the_study_for_one_gpu_and_its_first_steps_train(tmp
                           "callbacks.progress_bar.refresh_rate=0", "+trainer.enable_model_summary=false")
     run = build_run(tiny)
     run.trainer.fit(run.module, datamodule=run.datamodule)
-    assert run.trainer.global_step == 2 and run.module.model.retrieval[0].order is not None
+    assert run.trainer.global_step == 2 and all(gate.order is not None for gate in run.module.model.retrieval)
+    assert len(run.module.model.retrieval) == 2
