@@ -285,6 +285,8 @@ SCALE_IF = {  # appended when the command selects what the key names
     "--score": ["--score", "data.source.eval_episodes=4"],  # xl.probe's scoring episodes (--score extends)
     # the study's scorings read the same code at 1K as at 16K: 0 and 1K are enough here (the last override wins)
     "lengths=[0,1k,4k,16k]": ["lengths=[0,1k]"],
+    # the study's two retrieval layers in the scaled-down model of two layers
+    "memory.knn_layers=[1,2]": ["memory.knn_layers=[0,1]"],
 }
 SCALE_UNLESS_SET = {  # appended unless the command sets the key itself
     "train.py": ["logger=none"],
