@@ -12,17 +12,18 @@ from torch.nn import functional as F
 
 from xl.memory.knn import store
 from xl.memory.knn.attention import RECENCY_RANKS, RetrievalGate, default_layers, gated_retrieval, initial_scale
-from xl.memory.knn.search import exact_topk, gather, recency_ranks
+from xl.memory.knn.search import entry_ages, exact_topk, gather, recency_ranks
 from xl.model.documents import positions
 from xl.model.eviction import leaving
 
 
-def reference(q, local, key_raw, value, left, doc, p0, gate, scale, size, k, order=None):
+def reference(q, local, key_raw, value, left, doc, p0, gate, scale, size, k, order=None, slope=None):
     """One segment's outputs, query by query: each query (row b, head h, position p0 + i) retrieves, among the
     positions of its row that left the window and belong to its own document (the newest ``size`` of them), the k of
     highest score ``scale_h · q̂ · k̂``, attends over them, and mixes with the local output by ``sigmoid(gate_h)``.
     With ``order`` [H, K], an entry's score also gets ``order[h, r]``, r the number of the query's retrieved entries
-    at later positions than its own (at most K - 1). A query whose document began inside the segment retrieves
+    at later positions than its own (at most K - 1); with ``slope`` [H], ``slope[h] · log(1 + age)``, age the number
+    of positions of the row that left the window after it. A query whose document began inside the segment retrieves
     nothing; one that retrieves nothing keeps its local output. Returns the outputs and the number of entries each
     query retrieved."""
     B, H, L, _ = q.shape
@@ -48,6 +49,9 @@ def reference(q, local, key_raw, value, left, doc, p0, gate, scale, size, k, ord
                 if order is not None:
                     newer = [sum(other > j for other in chosen) for j in chosen]
                     scores = scores + torch.stack([order[h, min(r, order.size(1) - 1)] for r in newer])
+                if slope is not None:
+                    ages = [len(left[b]) - 1 - left[b].index(j) for j in chosen]
+                    scores = scores + torch.stack([slope[h] * math.log1p(a) for a in ages])
                 weights = torch.softmax(scores, 0)
                 v_m = weights @ torch.stack([value[b, h, j] for j in chosen])
                 g = torch.sigmoid(gate[h])
@@ -57,9 +61,9 @@ def reference(q, local, key_raw, value, left, doc, p0, gate, scale, size, k, ord
     return torch.stack(rows), counts
 
 
-@pytest.mark.parametrize("recency", [False, True])
+@pytest.mark.parametrize("bias", ["none", "rank", "age", "both"])
 @pytest.mark.parametrize(("mem_len", "seg_len"), [(5, 4), (0, 4), (5, 1), (3, 7)])
-def test_retrieval_attention_matches_a_loop_over_queries(mem_len, seg_len, recency):
+def test_retrieval_attention_matches_a_loop_over_queries(mem_len, seg_len, bias):
     B, H, D, size, k, T = 3, 2, 6, 7, 3, 35
     gen = torch.Generator().manual_seed(0)
     f64 = dict(generator=gen, dtype=torch.float64)
@@ -71,10 +75,12 @@ def test_retrieval_attention_matches_a_loop_over_queries(mem_len, seg_len, recen
     gate_ref, scale_ref = gate.clone().requires_grad_(), scale.clone().requires_grad_()
     gate.requires_grad_(), scale.requires_grad_()
     # A table of k - 1 ranks: the ranks past its last (evaluation retrieving more than training did) take its last.
-    order = torch.randn(H, k - 1, **f64) * 3 if recency else None
-    order_ref = None if order is None else order.clone().requires_grad_()
-    if order is not None:
-        order.requires_grad_()
+    order = torch.randn(H, k - 1, **f64) * 3 if bias in ("rank", "both") else None
+    slope = torch.randn(H, **f64) if bias in ("age", "both") else None
+    order_ref, slope_ref = (None if t is None else t.clone().requires_grad_() for t in (order, slope))
+    for t in (order, slope):
+        if t is not None:
+            t.requires_grad_()
     state = store.empty(B, H, size, D, dtype=torch.float64)
     left: list[list[int]] = [[] for _ in range(B)]
     held, leaves, counts = 0, [], []
@@ -86,11 +92,14 @@ def test_retrieval_attention_matches_a_loop_over_queries(mem_len, seg_len, recen
         q.requires_grad_(), local.requires_grad_()
         seg = pos[:, s:s + L]
         found = exact_topk(q, state, k, store.sees_store(seg))
-        bias = None if order is None else order.view(1, H, 1, -1).expand(B, H, L, -1).gather(
-            -1, recency_ranks(state, found).clamp(max=k - 2))
-        out = gated_retrieval(q, local, *gather(state, found), found.valid, gate, scale, bias)
+        ages, parts = entry_ages(state, found), []
+        if order is not None:
+            parts.append(order.view(1, H, 1, -1).expand(B, H, L, -1).gather(-1, recency_ranks(ages).clamp(max=k - 2)))
+        if slope is not None:
+            parts.append(slope.view(1, H, 1, 1) * torch.log1p(ages.to(slope.dtype)))
+        out = gated_retrieval(q, local, *gather(state, found), found.valid, gate, scale, sum(parts) if parts else None)
         out_ref, n_found = reference(q_ref, local_ref, key_raw, value, left, doc, s, gate_ref, scale_ref, size, k,
-                                     order_ref)
+                                     order_ref, slope_ref)
         counts += n_found
         torch.testing.assert_close(out, out_ref, rtol=0, atol=1e-12)
         weight = torch.randn(out.shape, **f64)
@@ -112,9 +121,10 @@ def test_retrieval_attention_matches_a_loop_over_queries(mem_len, seg_len, recen
         torch.testing.assert_close(local.grad, local_ref.grad, rtol=0, atol=1e-12)
     torch.testing.assert_close(gate.grad, gate_ref.grad, rtol=0, atol=1e-12)
     torch.testing.assert_close(scale.grad, scale_ref.grad, rtol=0, atol=1e-12)
-    if order is not None:
-        torch.testing.assert_close(order.grad, order_ref.grad, rtol=0, atol=1e-12)
-        assert order.grad.abs().min() > 0
+    for t, t_ref in ((order, order_ref), (slope, slope_ref)):
+        if t is not None:
+            torch.testing.assert_close(t.grad, t_ref.grad, rtol=0, atol=1e-12)
+            assert t.grad.abs().min() > 0
     # The stream exercised every case: no entry, fewer than k, k; and a store that overflowed its size.
     assert {0, k} <= set(counts) and any(0 < c < k for c in counts)
     assert max(len(row) for row in left) > size
@@ -197,10 +207,38 @@ def test_the_recency_table_starts_at_zero_and_a_rank_past_its_last_takes_its_las
     assert torch.equal(module.order, torch.zeros(3, RECENCY_RANKS))
     assert RetrievalGate(3, top_k=64, recency=True).order.shape == (3, RECENCY_RANKS)
     ranks = torch.arange(5).expand(2, 3, 4, 5)
-    assert torch.equal(module(q, local, keys, values, valid, ranks), module(q, local, keys, values, valid))
+    ages = torch.tensor([7, 0, 3, 12, 1]).expand(2, 3, 4, 5)
+    plain = gated_retrieval(q, local, keys, values, valid, module.gate, module.scale)
+    assert torch.equal(module(q, local, keys, values, valid, ages), plain)  # a zero table: no preference
+    with pytest.raises(ValueError, match="needs the retrieved entries' ages"):
+        module(q, local, keys, values, valid)
     with torch.no_grad():
         module.order.copy_(torch.arange(3.0 * RECENCY_RANKS).view(3, RECENCY_RANKS))
     last = 3 * RECENCY_RANKS - 1.0
     assert module.recency_bias(ranks)[1, 2, 3].tolist() == [2 * RECENCY_RANKS + r for r in range(5)]
     assert module.recency_bias(ranks + RECENCY_RANKS - 2)[1, 2, 3].tolist() == [last - 1, last, last, last, last]
     assert RetrievalGate(3, top_k=3).order is None and len(list(RetrievalGate(3, top_k=3).parameters())) == 2
+
+
+def test_the_age_slope_starts_at_zero_and_biases_by_log_age_beside_the_rank_table():
+    q, local, keys, values, valid, _, _ = inputs(dtype=torch.float64)  # k = 5 retrieved
+    ages = torch.tensor([7, 0, 3, 12, 1]).expand(2, 3, 4, 5)
+    module = RetrievalGate(3, top_k=5, age=True).double()
+    assert torch.equal(module.age, torch.zeros(3, dtype=torch.float64)) and module.order is None and module.ordered
+    assert not RetrievalGate(3, top_k=5).ordered
+    plain = gated_retrieval(q, local, keys, values, valid, module.gate, module.scale)
+    assert torch.equal(module(q, local, keys, values, valid, ages), plain)
+    both = RetrievalGate(3, top_k=5, recency=True, age=True).double()
+    with torch.no_grad():
+        module.age.copy_(torch.tensor([-1.0, 0.5, 2.0]))
+        both.age.copy_(module.age)
+        both.order.copy_(torch.randn(3, RECENCY_RANKS, dtype=torch.float64))
+    by_hand = torch.tensor([-1.0, 0.5, 2.0]).double().view(1, 3, 1, 1) * torch.tensor(
+        [math.log(8), 0.0, math.log(4), math.log(13), math.log(2)], dtype=torch.float64)
+    torch.testing.assert_close(module.age_bias(ages), by_hand.expand(2, 3, 4, 5), rtol=0, atol=1e-15)
+    torch.testing.assert_close(module(q, local, keys, values, valid, ages),
+                               gated_retrieval(q, local, keys, values, valid, module.gate, module.scale, by_hand.expand(
+                                   2, 3, 4, 5)), rtol=0, atol=1e-14)
+    ranks = torch.tensor([3, 0, 2, 4, 1]).expand(2, 3, 4, 5)  # the ranks of those ages, newest first
+    torch.testing.assert_close(both(q, local, keys, values, valid, ages), gated_retrieval(
+        q, local, keys, values, valid, both.gate, both.scale, both.recency_bias(ranks) + by_hand), rtol=0, atol=1e-14)

@@ -18,15 +18,16 @@ from xl.model.config import XLConfig
 from xl.model.documents import Documents, positions
 from xl.model.transformer import TransformerXL
 
-SEG, T, VOCAB = 4, 24, 20
+SEG, T, VOCAB = 4, 24, 32
 
 
 def knn_model(mem_len: int = 3, knn_layers=(0, 1), size: int = 5, top_k: int = 3, seed: int = 0,
-              recency: bool = False) -> TransformerXL:
+              recency: bool = False, age: bool = False) -> TransformerXL:
     torch.manual_seed(seed)
     cfg = XLConfig(n_layer=2, n_head=2, d_model=16, d_head=8, d_inner=32, vocab_size=VOCAB, mem_len=mem_len,
                    dropout=0.0, memory=KnnConfig(knn_layers=None if knn_layers is None else list(knn_layers),
-                                                 knn_size=size, knn_top_k=top_k, knn_recency=recency))
+                                                 knn_size=size, knn_top_k=top_k, knn_recency=recency,
+                                                 knn_age=age))
     model = TransformerXL(cfg).double()
     with torch.no_grad():  # gates, scales and recency biases away from their initial values, different per head
         for gate in model.retrieval:
@@ -34,6 +35,8 @@ def knn_model(mem_len: int = 3, knn_layers=(0, 1), size: int = 5, top_k: int = 3
             gate.scale.copy_(torch.rand(cfg.n_head) * 4 + 1)
             if recency:
                 gate.order.copy_(torch.randn(gate.order.shape) * 3)
+            if age:
+                gate.age.copy_(torch.randn(cfg.n_head))
     return model
 
 
@@ -93,6 +96,9 @@ def reference_logits(model: TransformerXL, tokens: torch.Tensor, seg_len: int, s
                             if gate.order is not None:  # the rank by age: retrieved entries at later positions
                                 scores = scores + torch.stack([gate.order[head, sum(o > j for o in best)]
                                                                for j in best])
+                            if gate.age is not None:  # log(1 + age), age the positions that left after it
+                                scores = scores + torch.stack([gate.age[head] * math.log1p(gone - 1 - j)
+                                                               for j in best])
                             w = scores.softmax(0)
                             retrieved = sum(w_j * values[b, j, head].detach() for w_j, j in zip(w, best, strict=True))
                             g = torch.sigmoid(gate.gate[head])
@@ -123,18 +129,23 @@ def model_logits(model: TransformerXL, tokens: torch.Tensor, seg_len: int | list
 
 def streams(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, VOCAB, (2, T), generator=gen)
+    # No token twice in a row: layer 0's keys are the tokens' alone (no position), and a tie between two entries at
+    # the k-th place would let the search keep either, which an order's bias tells apart.
+    tokens = torch.stack([torch.randperm(VOCAB, generator=gen)[:T] for _ in range(2)])
     starts = torch.zeros(2, T, dtype=torch.bool)
     starts[:, 0] = True
     starts[1, 14] = True  # row 1: a second document begins inside a segment
     return tokens, starts
 
 
-@pytest.mark.parametrize("recency", [False, True])
+ORDERS = [(False, False), (True, False), (False, True)]  # (knn_recency, knn_age): none, the rank table, the slope
+
+
+@pytest.mark.parametrize(("recency", "age"), ORDERS)
 @pytest.mark.parametrize("mem_len", [3, 0])
 @pytest.mark.parametrize("with_documents", [False, True])
-def test_the_forward_pass_retrieves_what_the_reference_retrieves(mem_len, with_documents, recency):
-    model = knn_model(mem_len, recency=recency).eval()
+def test_the_forward_pass_retrieves_what_the_reference_retrieves(mem_len, with_documents, recency, age):
+    model = knn_model(mem_len, recency=recency, age=age).eval()
     tokens, starts = streams()
     starts = starts if with_documents else None
     with torch.no_grad():
@@ -142,10 +153,12 @@ def test_the_forward_pass_retrieves_what_the_reference_retrieves(mem_len, with_d
         expected = reference_logits(model, tokens, SEG, starts)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
     # The retrieval changed the logits (the test would pass vacuously if nothing was ever retrieved).
-    if recency:  # the order changed them too
+    if recency or age:  # the order changed them too
         with torch.no_grad():
             for gate in model.retrieval:
-                gate.order.zero_()
+                for table in (gate.order, gate.age):
+                    if table is not None:
+                        table.zero_()
             assert not torch.allclose(model_logits(model, tokens, SEG, starts)[0], got)
     model.memory.settings.knn_top_k, plain = 1, got
     with torch.no_grad():
@@ -166,9 +179,9 @@ def test_the_same_positions_enter_the_store_whatever_the_segment_lengths():
         torch.testing.assert_close(other[0][store.VALUES], stores[0][0][store.VALUES], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("recency", [False, True])
-def test_gradients_match_the_reference_and_none_reaches_the_store(recency):
-    model = knn_model(recency=recency).train()  # dropout 0: the CPU training attention, with its own backward
+@pytest.mark.parametrize(("recency", "age"), [*ORDERS, (True, True)])
+def test_gradients_match_the_reference_and_none_reaches_the_store(recency, age):
+    model = knn_model(recency=recency, age=age).train()  # dropout 0: the CPU training attention, with its own backward
     tokens, starts = streams()
     targets = torch.roll(tokens, -1, 1)
     _, mems = model_logits(model, tokens, SEG, starts, targets)
@@ -183,6 +196,7 @@ def test_gradients_match_the_reference_and_none_reaches_the_store(recency):
         torch.testing.assert_close(got[name], p.grad, rtol=1e-8, atol=1e-10, msg=name)
     assert got["retrieval.0.gate"].abs().min() > 0 and got["retrieval.1.scale"].abs().min() > 0
     assert not recency or got["retrieval.1.order"].abs().sum() > 0
+    assert not age or got["retrieval.1.age"].abs().min() > 0
 
 
 def test_a_packed_document_reads_as_alone():
@@ -196,9 +210,10 @@ def test_a_packed_document_reads_as_alone():
     torch.testing.assert_close(packed[1:, 14:], alone, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize(("with_documents", "recency"), [(False, False), (True, False), (True, True)])
-def test_one_token_decoding_equals_the_forward(with_documents, recency):
-    model = knn_model(knn_layers=None, recency=recency).eval()
+@pytest.mark.parametrize(("with_documents", "recency", "age"),
+                         [(False, False, False), (True, False, False), (True, True, False), (True, False, True)])
+def test_one_token_decoding_equals_the_forward(with_documents, recency, age):
+    model = knn_model(knn_layers=None, recency=recency, age=age).eval()
     tokens, starts = streams()
     pos = positions(starts) if with_documents else None
     with torch.no_grad():
@@ -245,21 +260,22 @@ def test_one_sentence_refusals():
 KNN_RUN = ("memory=knn", "memory.knn_size=64", "memory.knn_top_k=4")
 
 
-@pytest.mark.parametrize("recency", [False, True])
-def test_a_run_trains_evaluates_and_is_sized_with_its_stores(tmp_path, corpus, recency):
+@pytest.mark.parametrize(("recency", "age"), ORDERS)
+def test_a_run_trains_evaluates_and_is_sized_with_its_stores(tmp_path, corpus, recency, age):
     from tests.conftest import compose_config, tiny_overrides
     from xl.config.machine import run_estimate
     from xl.training.build import build_run
 
     cfg = compose_config(*tiny_overrides(tmp_path, corpus), *KNN_RUN, "trainer.max_steps=4",
-                         "trainer.val_check_interval=4", f"memory.knn_recency={str(recency).lower()}")
+                         "trainer.val_check_interval=4", f"memory.knn_recency={str(recency).lower()}",
+                         f"memory.knn_age={str(age).lower()}")
     run = build_run(cfg)
     assert isinstance(run.module.model.memory, KnnMemory) and run.module.model.memory.layers == (1,)  # tiny: 2 layers
     gate = run.module.model.retrieval[0]
     before = [p.detach().clone() for p in gate.parameters()]
-    assert (gate.order is not None) == recency
+    assert (gate.order is not None) == recency and (gate.age is not None) == age
     run.trainer.fit(run.module, datamodule=run.datamodule)
-    for old, new in zip(before, gate.parameters(), strict=True):  # the gate, the scale and the order train
+    for old, new in zip(before, gate.parameters(), strict=True):  # the gate, the scale and the order's bias train
         assert not torch.equal(old, new)
     assert math.isfinite(float(run.trainer.callback_metrics["val/loss"]))
     *cache, keys, values, count = run.module.memory.mems["train"]

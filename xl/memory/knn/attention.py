@@ -11,7 +11,10 @@ code scales attention over normalised keys. Retrieved keys carry no position: no
 paper ("We don't use a position bias for the retrieved memories"). With ``memory.knn_recency=true`` (not in the paper)
 they carry their order instead: each entry's score gets a learned bias of its head for its rank by age among the
 query's retrieved entries (0 the newest; a table of :data:`RECENCY_RANKS` ranks, whatever ``knn_top_k``, the older
-ranks taking its last bias), so that a head can prefer the newest of several entries that match alike. A query
+ranks taking its last bias), so that a head can prefer the newest of several entries that match alike. With
+``memory.knn_age=true`` (not in the paper either) each score gets ``a_h · log(1 + age)``, a learned slope per head
+times the log of the entry's age (the entries written after it): a bias by how far back, the same at any ratio of
+ages whatever the context's length, that entries of other sources retrieved between them do not shift. A query
 that retrieved no entry (an empty store, the first segment of a document) keeps the local output unchanged: with
 nothing to retrieve the layer is the plain one. Nothing flows back into the retrieved keys and values: the store
 takes no gradient.
@@ -24,6 +27,8 @@ import math
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+
+from xl.memory.knn.search import recency_ranks
 
 # Ranks by age with a recency bias of their own; older ranks share the last one. Fixed, not knn_top_k: evaluation may
 # retrieve another number of entries with the weights trained.
@@ -81,13 +86,20 @@ None: added to the scaled scores (the recency bias, :meth:`RetrievalGate.recency
 class RetrievalGate(nn.Module):
     """One retrieval layer's learned parameters, the gate's logits ``gate`` [H] (0 at first: g = 0.5, as the authors'
     code starts) and the scores' ``scale`` [H] (:func:`initial_scale` at first), applied by :func:`gated_retrieval`;
-    with ``recency``, the bias ``order`` [H, RECENCY_RANKS] of each rank by age (0 at first: no preference)."""
+    with ``recency``, the bias ``order`` [H, RECENCY_RANKS] of each rank by age; with ``age``, the slope ``age`` [H]
+    of the bias by log age (each 0 at first: no preference)."""
 
-    def __init__(self, n_head: int, top_k: int, recency: bool = False) -> None:
+    def __init__(self, n_head: int, top_k: int, recency: bool = False, age: bool = False) -> None:
         super().__init__()
         self.gate = nn.Parameter(torch.zeros(n_head))
         self.scale = nn.Parameter(torch.full((n_head,), initial_scale(top_k)))
         self.order = nn.Parameter(torch.zeros(n_head, RECENCY_RANKS)) if recency else None
+        self.age = nn.Parameter(torch.zeros(n_head)) if age else None
+
+    @property
+    def ordered(self) -> bool:
+        """Whether the entries' ages bias their scores (a rank table or a slope)."""
+        return self.order is not None or self.age is not None
 
     def untouched(self, local: Tensor) -> Tensor:
         """``local`` as it is, with the parameters in its graph (a zero gradient for each), for a segment where no
@@ -102,7 +114,18 @@ class RetrievalGate(nn.Module):
         table = self.order.view(1, H, 1, -1).expand(B, H, L, -1)
         return table.gather(-1, ranks.clamp(max=self.order.size(1) - 1))
 
+    def age_bias(self, ages: Tensor) -> Tensor:
+        """The bias [B, H, L, k] of entries of ``ages`` [B, H, L, k]: each head's slope times ``log(1 + age)``."""
+        return self.age.view(1, -1, 1, 1) * torch.log1p(ages.to(self.age.dtype))
+
     def forward(self, queries: Tensor, local: Tensor, keys: Tensor, values: Tensor, valid: Tensor,
-                ranks: Tensor | None = None) -> Tensor:
-        bias = None if self.order is None or ranks is None else self.recency_bias(ranks)
+                ages: Tensor | None = None) -> Tensor:
+        """``ages`` [B, H, L, k] (:func:`xl.memory.knn.search.entry_ages`): needed where :attr:`ordered`."""
+        bias = None
+        if self.ordered:
+            if ages is None:
+                raise ValueError("a retrieval gate with a recency or age bias needs the retrieved entries' ages")
+            biases = [self.recency_bias(recency_ranks(ages))] if self.order is not None else []
+            biases += [self.age_bias(ages)] if self.age is not None else []
+            bias = sum(biases[1:], biases[0])
         return gated_retrieval(queries, local, keys, values, valid, self.gate, self.scale, bias)

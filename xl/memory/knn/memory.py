@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from xl.memory.cache import CacheMemory
 from xl.memory.knn import store
 from xl.memory.knn.attention import RetrievalGate, default_layers
-from xl.memory.knn.search import SEARCHES, Workspace, gather, recency_ranks, search
+from xl.memory.knn.search import SEARCHES, Workspace, entry_ages, gather, search
 from xl.model.eviction import leaving
 from xl.model.memory import Context, Memory, Segment, Size, Update
 from xl.model.memory_settings import MemoryConfig
@@ -61,6 +61,8 @@ class KnnConfig(MemoryConfig):
                               help="exact (batched products, on the store's device) or faiss (faiss-cpu, on the CPU)")
     knn_recency: bool = setting(False, help="a learned bias per head for each rank of the retrieved entries by age "
                                             "(newest first), added to their scores; false: no order, as the paper")
+    knn_age: bool = setting(False, help="a learned slope per head times log(1 + age) of each retrieved entry (the "
+                                        "entries written after it), added to its score; false: none, as the paper")
 
     name = "knn"
     evaluation_settings = ("knn_size", "knn_top_k", "knn_search")
@@ -113,8 +115,9 @@ class KnnMemory(Memory):
         self.workspace = Workspace()
 
     def build(self) -> dict[str, nn.Module]:
-        self.gates = nn.ModuleList(RetrievalGate(self.config.n_head, self.settings.knn_top_k, self.settings.knn_recency)
-                                   for _ in self.layers)
+        settings = self.settings
+        self.gates = nn.ModuleList(RetrievalGate(self.config.n_head, settings.knn_top_k, settings.knn_recency,
+                                                 settings.knn_age) for _ in self.layers)
         return {"retrieval": self.gates}
 
     # ---- state -----------------------------------------------------------------------------------------------------
@@ -160,8 +163,8 @@ class KnnMemory(Memory):
             found = search(settings.knn_search, queries, entries, settings.knn_top_k, visible, limit, workspace)
             # Without gradient the retrieved entries are used up within the layer: gathered into the workspace.
             keys, values = gather(entries, found, None if torch.is_grad_enabled() else workspace)
-            ranks = recency_ranks(entries, found) if settings.knn_recency else None
-            return gate(queries, local, keys, values, found.valid, ranks)
+            ages = entry_ages(entries, found) if gate.ordered else None
+            return gate(queries, local, keys, values, found.valid, ages)
 
         return extend
 

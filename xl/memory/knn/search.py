@@ -177,15 +177,21 @@ def faiss_topk(queries: Tensor, state: list[Tensor], k: int, visible: Tensor | N
 
 
 @torch.no_grad()
-def recency_ranks(state: list[Tensor], retrieved: Retrieved) -> Tensor:
-    """Each retrieved entry's rank by age among its query's retrieved entries, [B, H, L, k] int64: 0 the newest,
-    the places with no entry last. The entry written m-th to a row sits in slot ``m % N`` (:mod:`xl.memory.knn.store`),
-    so a slot's age, entries written after it, is ``(count - 1 - slot) mod N``: no position is stored."""
+def entry_ages(state: list[Tensor], retrieved: Retrieved) -> Tensor:
+    """Each retrieved entry's age, the entries written to its row after it, [B, H, L, k] int64; a place with no entry
+    gets ``N`` plus its index, older than any entry. The entry written m-th to a row sits in slot ``m % N``
+    (:mod:`xl.memory.knn.store`), so a slot's age is ``(count - 1 - slot) mod N``: no position is stored."""
     N = state[KEYS].size(2)
     count = state[COUNT].view(-1, 1, 1, 1)
     age = torch.remainder(count - 1 - retrieved.index, N)
-    age = torch.where(retrieved.valid, age, N + torch.arange(retrieved.index.size(-1), device=age.device))
-    return age.argsort(-1).argsort(-1)
+    return torch.where(retrieved.valid, age, N + torch.arange(retrieved.index.size(-1), device=age.device))
+
+
+@torch.no_grad()
+def recency_ranks(ages: Tensor) -> Tensor:
+    """Each retrieved entry's rank by age among its query's retrieved entries, from :func:`entry_ages`, [B, H, L, k]
+    int64: 0 the newest, the places with no entry last."""
+    return ages.argsort(-1).argsort(-1)
 
 
 @torch.no_grad()
