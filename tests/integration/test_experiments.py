@@ -163,7 +163,7 @@ def test_the_study_memories_compose_with_babilong_long_as_the_page_lists_them():
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[3:]]
     kinds = {"none": "CacheConfig", "cache": "CacheConfig", "compressive": "CompressiveConfig",
              "memory tokens": "TokensConfig", "retrieval": "KnnConfig", "retrieval+recency": "KnnConfig",
-             "2-layer-retrieval+recency": "KnnConfig"}
+             "2-layer-retrieval+recency": "KnnConfig", "2-layer-retrieval+age": "KnnConfig"}
     assert [r[0] for r in rows] == list(kinds)
     for name, overrides, holds in rows:
         cfg = compose_config("experiment=babilong_long", "init_from=runs/start",
@@ -171,6 +171,7 @@ def test_the_study_memories_compose_with_babilong_long_as_the_page_lists_them():
         check_config(cfg, shape=False)
         assert cfg.memory._target_.endswith(kinds[name]) and (cfg.memory.mem_len == 0) == (name == "none"), name
         assert cfg.memory.get("knn_recency", False) == name.endswith("+recency"), name
+        assert cfg.memory.get("knn_age", False) == name.endswith("+age"), name
         assert (list(cfg.memory.get("knn_layers") or []) == [1, 2]) == name.startswith("2-layer"), name
         for key in ("mem_len", "cmem_len", "knn_size", "num_tokens"):
             if cfg.memory.get(key):
@@ -179,14 +180,15 @@ def test_the_study_memories_compose_with_babilong_long_as_the_page_lists_them():
 
 def test_babilong_gpu_scales_the_study_for_one_gpu_and_its_first_steps_train(tmp_path):
     """experiment=babilong_gpu (docs/babilong.md, "On one GPU"): the recipe's stages at length 0, then 1K to 64K
-    of PG-19 with the retrieval memory and its recency bias, a wider model; its config passes every rule, and its
-    first steps train through a real Trainer at a tiny size (the embedded corpus for PG-19, which needs the hub)."""
+    of PG-19 with the retrieval memory in two layers and its bias by log age, a wider model; its config passes every
+    rule, and its first steps train through a real Trainer at a tiny size (the embedded corpus for PG-19, which needs
+    the hub)."""
     from xl.config.curriculum import stages
     from xl.training.build import build_run
 
     cfg = compose_config("experiment=babilong_gpu")
     check_config(cfg, shape=False)
-    assert cfg.data.background._target_.endswith("PG19Source") and cfg.memory.knn_recency is True
+    assert cfg.data.background._target_.endswith("PG19Source") and cfg.memory.knn_age is True
     assert (cfg.model.n_layer, cfg.model.d_model, cfg.data.tasks) == (6, 256, ["qa1", "qa2"])
     assert [s.data["length"] for s in stages(cfg.curriculum)][-4:] == ["1k", "4k", "16k", "64k"]
     assert (cfg.data.batch_size, cfg.data.tgt_len, cfg.trainer.max_steps, cfg.model.init_std) == (32, 256, 40000, 0.05)
@@ -196,7 +198,8 @@ def test_babilong_gpu_scales_the_study_for_one_gpu_and_its_first_steps_train(tmp
     page = (CONF_DIR.parent / "docs" / "babilong.md").read_text()
     table = page.split("| | the CPU study | `experiment=babilong_gpu` |")[1].split("\n\n")[0]
     for says in ("6 layers of 256, 4 heads of 64", "32 × 256", "1K, 4K, 16K and 64K, 40,000 steps", "16,000",
-                 "a cache of 256, a store of 131,072 entries in layers 3 and 4", "0, 1K, 4K, 16K, 64K, 128K"):
+                 "a cache of 256, a store of 131,072 entries in layers 3 and 4, bias by log age",
+                 "0, 1K, 4K, 16K, 64K, 128K"):
         assert says in table, says
     tiny = compose_config("experiment=babilong_gpu", "data/background=stdlib", "model.n_layer=2", "model.d_model=32",
                           "model.n_head=2", "model.d_head=16", "model.d_inner=64", "memory.mem_len=16",
@@ -209,5 +212,5 @@ def test_babilong_gpu_scales_the_study_for_one_gpu_and_its_first_steps_train(tmp
                           "callbacks.progress_bar.refresh_rate=0", "+trainer.enable_model_summary=false")
     run = build_run(tiny)
     run.trainer.fit(run.module, datamodule=run.datamodule)
-    assert run.trainer.global_step == 2 and all(gate.order is not None for gate in run.module.model.retrieval)
+    assert run.trainer.global_step == 2 and all(gate.age is not None for gate in run.module.model.retrieval)
     assert len(run.module.model.retrieval) == 2
