@@ -44,8 +44,8 @@ def test_a_store_size_the_split_never_fills_scores_as_the_trained_one_and_a_smal
     big = evaluated(knn_run, corpus, "big", "+memory.knn_size=256")
     bigger = evaluated(knn_run, corpus, "bigger", "+memory.knn_size=4096")
     small = evaluated(knn_run, corpus, "small", "+memory.knn_size=8")
-    assert trained["memory"] == "knn(knn_layers=None, knn_size=64, knn_top_k=4, knn_search=exact, knn_recency=False)"
-    assert big["memory"] == "knn(knn_layers=None, knn_size=256, knn_top_k=4, knn_search=exact, knn_recency=False)"
+    assert trained["memory"] == "knn(knn_layers=None, knn_size=64, knn_top_k=4, knn_search=exact, knn_recency=False, knn_age=False)"
+    assert big["memory"] == "knn(knn_layers=None, knn_size=256, knn_top_k=4, knn_search=exact, knn_recency=False, knn_age=False)"
     assert big["val/loss"] == bigger["val/loss"]
     assert len({trained["val/loss"], big["val/loss"], small["val/loss"]}) == 3
     assert bigger["cache_mb"] > big["cache_mb"] > trained["cache_mb"]  # the store's bytes are counted
@@ -55,7 +55,7 @@ def test_another_top_k_and_the_faiss_search(knn_run, corpus):
     pytest.importorskip("faiss")
     exact = evaluated(knn_run, corpus, "exact", "+memory.knn_top_k=8")
     searched = evaluated(knn_run, corpus, "faiss", "+memory.knn_top_k=8", "+memory.knn_search=faiss")
-    assert exact["memory"].endswith("knn_top_k=8, knn_search=exact, knn_recency=False)")
+    assert exact["memory"].endswith("knn_top_k=8, knn_search=exact, knn_recency=False, knn_age=False)")
     assert searched["val/loss"] == pytest.approx(exact["val/loss"], rel=1e-5)  # an exact index: the same entries
 
 
@@ -63,10 +63,12 @@ def test_another_top_k_and_the_faiss_search(knn_run, corpus):
     ("+memory.knn_layers=[0]", "memory.knn_layers cannot change at evaluation: the weights were trained with "
                                "memory.knn_layers=None; evaluation can change memory.knn_size, memory.knn_top_k, "
                                "memory.knn_search"),
-    ("+memory.cmem_len=8", "memory.cmem_len is not a setting of the checkpoint's knn memory; it has knn_layers, "
-                           "knn_recency, knn_search, knn_size, knn_top_k"),
+    ("+memory.cmem_len=8", "memory.cmem_len is not a setting of the checkpoint's knn memory; it has knn_age, "
+                           "knn_layers, knn_recency, knn_search, knn_size, knn_top_k"),
     ("+memory.knn_recency=true", "memory.knn_recency cannot change at evaluation: the weights were trained with "
                                  "memory.knn_recency=False"),
+    ("+memory.knn_age=true", "memory.knn_age cannot change at evaluation: the weights were trained with "
+                             "memory.knn_age=False"),
     ("+memory.knn_top_k=128", "memory.knn_top_k=128 exceeds memory.knn_size=64"),
     ("+memory.knn_size=0", "memory.knn_size must be an integer >= 1, got 0"),
 ])
