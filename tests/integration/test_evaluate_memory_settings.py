@@ -44,8 +44,9 @@ def test_a_store_size_the_split_never_fills_scores_as_the_trained_one_and_a_smal
     big = evaluated(knn_run, corpus, "big", "+memory.knn_size=256")
     bigger = evaluated(knn_run, corpus, "bigger", "+memory.knn_size=4096")
     small = evaluated(knn_run, corpus, "small", "+memory.knn_size=8")
-    assert trained["memory"] == "knn(knn_layers=None, knn_size=64, knn_top_k=4, knn_search=exact, knn_recency=False, knn_age=False)"
-    assert big["memory"] == "knn(knn_layers=None, knn_size=256, knn_top_k=4, knn_search=exact, knn_recency=False, knn_age=False)"
+    settings = "knn_top_k=4, knn_search=exact, knn_recency=False, knn_age=False)"
+    assert trained["memory"] == f"knn(knn_layers=None, knn_size=64, {settings}"
+    assert big["memory"] == f"knn(knn_layers=None, knn_size=256, {settings}"
     assert big["val/loss"] == bigger["val/loss"]
     assert len({trained["val/loss"], big["val/loss"], small["val/loss"]}) == 3
     assert bigger["cache_mb"] > big["cache_mb"] > trained["cache_mb"]  # the store's bytes are counted
