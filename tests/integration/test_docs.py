@@ -381,8 +381,8 @@ def all_blocks() -> list[tuple[str, list[Command]]]:
 
 ALL_BLOCKS = all_blocks()
 # Blocks of minutes, or of the longest seconds, run with -m slow: what they run is also tested in the default suite
-# (the studies' blocks: their experiments in test_experiments.py, their scorer and table in test_babilong_score.py, export
-# and convert in theirs; the probes of knn.md and memory-tokens.md, with those memories, in test_probe.py).
+# (the studies' blocks: their experiments in test_experiments.py, their scorer and table in test_babilong_score.py,
+# export and convert in theirs; the probes of knn.md and memory-tokens.md, with those memories, in test_probe.py).
 SLOW_BLOCKS = {"python train.py experiment=babilong seed=1 hydra.run.dir=runs/study/bind-1",
                "python train.py experiment=babilong data.tasks=[qa1,qa2] trainer.max_steps=16000 seed=1 "
                "hydra.run.dir=runs/study2/bind-1",
