@@ -121,11 +121,9 @@ class RetrievalGate(nn.Module):
     def forward(self, queries: Tensor, local: Tensor, keys: Tensor, values: Tensor, valid: Tensor,
                 ages: Tensor | None = None) -> Tensor:
         """``ages`` [B, H, L, k] (:func:`xl.memory.knn.search.entry_ages`): needed where :attr:`ordered`."""
-        bias = None
-        if self.ordered:
-            if ages is None:
-                raise ValueError("a retrieval gate with a recency or age bias needs the retrieved entries' ages")
-            biases = [self.recency_bias(recency_ranks(ages))] if self.order is not None else []
-            biases += [self.age_bias(ages)] if self.age is not None else []
-            bias = sum(biases[1:], biases[0])
+        if self.ordered and ages is None:
+            raise ValueError("a retrieval gate with a recency or age bias needs the retrieved entries' ages")
+        bias = None if self.order is None else self.recency_bias(recency_ranks(ages))
+        if self.age is not None:
+            bias = self.age_bias(ages) if bias is None else bias + self.age_bias(ages)
         return gated_retrieval(queries, local, keys, values, valid, self.gate, self.scale, bias)
