@@ -1,7 +1,8 @@
 """Settings that change how a BABILong-style model is trained and nothing it is scored on: word tokens with each
 punctuation mark a word of its own (``data.tokenizer_kwargs.punctuation``), and training stories that keep every
 question of the story in bAbI's format (``data.train_questions=all``) or, in qa1, ask about every actor at each
-question's place (``every``), or once after all the facts about every actor (qa1) or object (qa2, qa3) (``end``)."""
+question's place (``every``), or once after all the facts about every actor (qa1) or object (qa2, qa3) (``end``),
+and in qa2 and qa3 every actor who moved as well (``end_actors``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 
 import pytest
 
-from tests.helpers.babilong_solver import solve
+from tests.helpers.babilong_solver import parse, solve
 from xl.data import DataError
 from xl.data.babilong.data import BabilongDataModule
 from xl.data.babilong.generated import STREAM, encode_sample
@@ -77,7 +78,8 @@ def test_a_shared_punctuation_vocabulary_reads_back_splitting_as_it_was_fitted(t
 
 
 @pytest.mark.parametrize("task,questions", [("qa1", "all"), ("qa2", "all"), ("qa3", "all"), ("qa1", "every"),
-                                            ("qa1", "end"), ("qa2", "end"), ("qa3", "end")])
+                                            ("qa1", "end"), ("qa2", "end"), ("qa3", "end"),
+                                            ("qa2", "end_actors"), ("qa3", "end_actors")])
 def test_a_story_that_keeps_its_questions_answers_each_from_the_facts_before_it(task, questions):
     rng = random.Random("kept")
     kept = 0
@@ -138,6 +140,34 @@ def test_end_asks_about_each_object_the_task_asks_about_once_after_all_the_facts
     assert asked > (1.5 if task == "qa2" else 1.1) * 200  # more than one question a story
 
 
+@pytest.mark.parametrize("task", ["qa2", "qa3"])
+def test_end_actors_asks_end_s_questions_and_about_each_actor_who_moved(task):
+    """end_actors: the story, its question and its other objects' questions are end's; after them the same facts
+    ask about every actor the facts move, once each, answered from the facts; only the order of the questions
+    differs. qa1's stories are end's."""
+    a, b = random.Random("actors"), random.Random("actors")
+    actors_asked = 0
+    for _ in range(200):
+        story, end = GENERATORS[task](a, "end_actors"), GENERATORS[task](b, "end")
+        assert (story.facts, story.question, story.answer) == (end.facts, end.question, end.answer)
+        b.setstate(a.getstate())
+        asked = {q: (n, answer) for n, q, answer in story.asked}
+        assert len(asked) == len(story.asked)
+        assert {q: (n, answer) for n, q, answer in end.asked}.items() <= asked.items()
+        people = {q.removeprefix("Where is ").removesuffix("?"): (n, answer) for q, (n, answer) in asked.items()
+                  if q.startswith("Where is ") and not q.startswith("Where is the ")}
+        moved = {e.actor for e in map(parse, story.facts) if e.kind == "move"}
+        assert set(people) == moved
+        for person, (n, answer) in people.items():
+            assert n == len(story.facts) and solve(list(story.facts), f"Where is {person}?") == answer
+        assert len(story.asked) == len(end.asked) + len(people)
+        actors_asked += len(people)
+    assert actors_asked > 2 * 200  # several actors a story
+    rng, plain = random.Random(3), random.Random(3)
+    for _ in range(50):
+        assert GENERATORS["qa1"](rng, "end_actors") == GENERATORS["qa1"](plain, "end")
+
+
 @pytest.mark.parametrize("task,questions", [(t, q) for t in ("qa2", "qa3", "qa4", "qa5") for q in ("all", "every")]
                          + [(t, "end") for t in ("qa4", "qa5")])
 def test_keeping_the_questions_draws_the_same_stories_where_it_needs_no_draws(task, questions):
@@ -178,7 +208,8 @@ def data(tmp_path, **settings):
 
 
 @pytest.mark.parametrize("train_samples,questions,most", [(40, "all", 5), (STREAM, "all", 5), (STREAM, "every", 5),
-                                                          (40, "every", 2), (STREAM, "end", 5)])
+                                                          (40, "every", 2), (STREAM, "end", 5),
+                                                          (STREAM, "end_actors", 5)])
 def test_kept_questions_change_the_train_split_only_and_score_every_answer(tmp_path, train_samples, questions, most):
     last = data(tmp_path / "last", train_samples=train_samples)
     every = data(tmp_path / "all", train_samples=train_samples, train_questions=questions, train_most_questions=most)

@@ -145,7 +145,8 @@ class BabilongDataModule(SegmentDataModule):
             raise DataError(f"data.loss must be answer (the answer's tokens only) or all (every token), got {loss!r}")
         if train_questions not in QUESTIONS:
             raise DataError("data.train_questions must be last (one per training story), all (each of the story), "
-                            f"every (qa1) or end (each actor or object, after the facts), got {train_questions!r}")
+                            "every (qa1), end (each actor or object, after the facts) or end_actors, "
+                            f"got {train_questions!r}")
         questions = train_questions
         for key, most in (("train_most_questions", train_most_questions), ("val_most_questions", val_most_questions)):
             if not isinstance(most, int) or not 1 <= most <= QUESTIONS_PER_STORY:

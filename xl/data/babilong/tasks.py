@@ -33,8 +33,9 @@ LABELS = {"qa1": LOCATIONS, "qa2": LOCATIONS, "qa3": LOCATIONS, "qa4": LOCATIONS
 QUESTIONS_PER_STORY = 5  # a story is cut at its k-th question, k from 1 to this (``most`` of a training story)
 # Which questions a story keeps (data.train_questions): its last (BABILong's one), all of them in bAbI's format, in
 # qa1 every actor's at each question's place (other tasks: all), or once after all the facts every actor's (qa1) or
-# every object's the task could ask about (qa2, qa3; qa4, qa5: last).
-QUESTIONS = ("last", "all", "every", "end")
+# every object's the task could ask about (qa2, qa3; qa4, qa5: last); ``end_actors``: as ``end``, and in qa2 and qa3
+# every actor's who moved too (the place the objects' questions end with).
+QUESTIONS = ("last", "all", "every", "end", "end_actors")
 MAX_FACTS = 300  # a story of qa2 or qa3 that has not reached its question by then is begun again
 OBJECT_ACTIONS = (("get", "drop"), ("move",))  # qa2, qa3: get or drop, or a move, each group one time in two
 GIVER_ACTIONS = (("get",), ("give",), ("move",))  # qa5
@@ -88,7 +89,7 @@ def qa1(rng: random.Random, questions: str = "last",
         world.perform(world.propose("move"))
         world.perform(world.propose("move"))
     actor = rng.choice(sorted(world.actor_at))
-    if questions in ("every", "end"):
+    if questions in ("every", "end", "end_actors"):
         ask(rng.sample([a for a in sorted(world.actor_at) if a != actor], len(world.actor_at) - 1))
     return with_asked(answered("qa1", world, f"Where is {actor}?", world.actor_at[actor]), earlier)
 
@@ -100,7 +101,8 @@ def _object_story(task: str, rng: random.Random, askable: Askable, questions: st
     """qa2 and qa3: gets, drops and moves; a question after three facts or more, one time in two, about an object
     drawn among those ``askable`` offers, if any; the k-th question ends the story. ``questions``: ``"all"`` and
     ``"every"`` keep the earlier ones (the same draws of ``rng``), ``"end"`` asks after the last one's facts about
-    each other askable object too, in random order, the story's own question last (more draws: other stories)."""
+    each other askable object too, in random order, the story's own question last (more draws: other stories);
+    ``"end_actors"`` asks there about every actor who moved as well ("Where is Mary?"), all in one random order."""
     world = World(rng, ACTORS)
     last = rng.randint(1, most)
     since = 0
@@ -117,10 +119,12 @@ def _object_story(task: str, rng: random.Random, askable: Askable, questions: st
                 story = answered(task, world, *options[o])
                 since = 0
                 if len(earlier) + 1 == last:
-                    if questions == "end":
-                        others = [p for p in sorted(options) if p != o]
-                        return with_asked(story, [answered(task, world, *options[p])
-                                                  for p in rng.sample(others, len(others))])
+                    if questions in ("end", "end_actors"):
+                        others = [answered(task, world, *options[p]) for p in sorted(options) if p != o]
+                        if questions == "end_actors":
+                            others += [answered(task, world, f"Where is {a}?", world.actor_at[a])
+                                       for a in sorted(world.actor_at)]
+                        return with_asked(story, rng.sample(others, len(others)))
                     return with_asked(story, earlier if questions in ("all", "every") else [])
                 earlier.append(story)
 
