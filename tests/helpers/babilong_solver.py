@@ -106,6 +106,12 @@ def solve(facts: list[str], question: str) -> str:
         return _known(object_place(events, m[1], last))
     if m := re.fullmatch(r"Where is (\w+)\?", question):
         return _known(actor_place(events, m[1], last))
+    if m := re.fullmatch(r"Who has the (\w+)\?", question):
+        holder = None  # each get, give and drop of the object passes it on
+        for e in events:
+            if e.kind in ("get", "give", "drop") and e.thing == m[1]:
+                holder = {"get": e.actor, "give": e.other, "drop": None}[e.kind]
+        return _known(holder)
     if m := re.fullmatch(r"Where was the (\w+) before the (\w+)\?", question):
         places = []
         for t in range(len(events)):

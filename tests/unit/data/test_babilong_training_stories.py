@@ -2,7 +2,7 @@
 punctuation mark a word of its own (``data.tokenizer_kwargs.punctuation``), and training stories that keep every
 question of the story in bAbI's format (``data.train_questions=all``) or, in qa1, ask about every actor at each
 question's place (``every``), or once after all the facts about every actor (qa1) or object (qa2, qa3) (``end``),
-and in qa2 and qa3 every actor who moved as well (``end_actors``)."""
+and in qa2 and qa3 every actor who moved as well (``end_actors``) and who holds each object (``end_holders``)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,8 @@ def test_a_shared_punctuation_vocabulary_reads_back_splitting_as_it_was_fitted(t
 
 @pytest.mark.parametrize("task,questions", [("qa1", "all"), ("qa2", "all"), ("qa3", "all"), ("qa1", "every"),
                                             ("qa1", "end"), ("qa2", "end"), ("qa3", "end"),
-                                            ("qa2", "end_actors"), ("qa3", "end_actors")])
+                                            ("qa2", "end_actors"), ("qa3", "end_actors"),
+                                            ("qa2", "end_holders"), ("qa3", "end_holders")])
 def test_a_story_that_keeps_its_questions_answers_each_from_the_facts_before_it(task, questions):
     rng = random.Random("kept")
     kept = 0
@@ -168,6 +169,49 @@ def test_end_actors_asks_end_s_questions_and_about_each_actor_who_moved(task):
         assert GENERATORS["qa1"](rng, "end_actors") == GENERATORS["qa1"](plain, "end")
 
 
+@pytest.mark.parametrize("task", ["qa2", "qa3"])
+def test_end_holders_asks_end_actors_questions_and_who_holds_each_held_object(task):
+    """end_holders: end_actors' story and questions, and after the facts "Who has the football?" about every object
+    that someone holds there, once each, answered by the tests' solver (which tracks gets, gives and drops); only the
+    order of the questions differs. qa1's stories are end's."""
+    a, b = random.Random("holders"), random.Random("holders")
+    held = 0
+    for _ in range(200):
+        story, actors = GENERATORS[task](a, "end_holders"), GENERATORS[task](b, "end_actors")
+        assert (story.facts, story.question, story.answer) == (actors.facts, actors.question, actors.answer)
+        b.setstate(a.getstate())
+        asked = {q: (n, answer) for n, q, answer in story.asked}
+        assert {q: (n, answer) for n, q, answer in actors.asked}.items() <= asked.items()
+        holders = {q: answer for q, (n, answer) in asked.items() if q.startswith("Who has the ")}
+        assert len(story.asked) == len(actors.asked) + len(holders)
+        for question, answer in holders.items():
+            assert asked[question][0] == len(story.facts) and solve(list(story.facts), question) == answer
+        events = list(map(parse, story.facts))
+        for obj in {e.thing for e in events if e.kind == "get"}:  # each object someone holds is asked about
+            try:
+                assert f"Who has the {obj}?" in holders, obj
+            except AssertionError:
+                assert obj not in holders and [e.kind for e in events if e.thing == obj][-1] == "drop"
+        held += len(holders)
+    assert held > 200  # about one held object a story
+    rng, plain = random.Random(3), random.Random(3)
+    for _ in range(50):
+        assert GENERATORS["qa1"](rng, "end_holders") == GENERATORS["qa1"](plain, "end")
+
+
+def test_a_shared_vocabulary_has_end_holders_words_and_keeps_every_other_id(tmp_path):
+    """A curriculum's vocabulary is fitted on a stream of BABILong's questions: with end_holders it also holds the
+    words only its training questions use ("Who", "has"), after the same words in the same order as end_actors'."""
+    shared = {"length": 0, "tasks": ["qa1", "qa2"]}
+    actors, holders = (data(tmp_path / q, train_samples=STREAM, train_questions=q, vocabulary=shared,
+                            tokenizer_kwargs={"punctuation": True}) for q in ("end_actors", "end_holders"))
+    assert "Who" not in actors.tokenizer.itos
+    assert holders.tokenizer.itos == actors.tokenizer.itos + ["Who", "has"]
+    texts = ["".join(text for text, _ in holders.source.stream.sample(0, j).pieces()) for j in range(40)]
+    assert sum("Who has the" in text for text in texts) > 5
+    assert all(holders.tokenizer.unk_id not in holders.tokenizer.encode(text) for text in texts)
+
+
 @pytest.mark.parametrize("task,questions", [(t, q) for t in ("qa2", "qa3", "qa4", "qa5") for q in ("all", "every")]
                          + [(t, "end") for t in ("qa4", "qa5")])
 def test_keeping_the_questions_draws_the_same_stories_where_it_needs_no_draws(task, questions):
@@ -209,7 +253,7 @@ def data(tmp_path, **settings):
 
 @pytest.mark.parametrize("train_samples,questions,most", [(40, "all", 5), (STREAM, "all", 5), (STREAM, "every", 5),
                                                           (40, "every", 2), (STREAM, "end", 5),
-                                                          (STREAM, "end_actors", 5)])
+                                                          (STREAM, "end_actors", 5), (STREAM, "end_holders", 5)])
 def test_kept_questions_change_the_train_split_only_and_score_every_answer(tmp_path, train_samples, questions, most):
     last = data(tmp_path / "last", train_samples=train_samples)
     every = data(tmp_path / "all", train_samples=train_samples, train_questions=questions, train_most_questions=most)

@@ -33,7 +33,7 @@ from xl.data.babilong.generated import (
 )
 from xl.data.babilong.lengths import parse_length
 from xl.data.babilong.samples import Sample, samples
-from xl.data.babilong.tasks import QUESTIONS, QUESTIONS_PER_STORY, TASKS
+from xl.data.babilong.tasks import QUESTION_WORDS, QUESTIONS, QUESTIONS_PER_STORY, TASKS
 from xl.data.datamodule import SegmentDataModule
 from xl.data.errors import DataError
 from xl.data.sources import Piece, Source
@@ -108,9 +108,14 @@ class BabilongSource:
             yield next(streams[i % len(streams)])
 
     def texts(self, split: str) -> Iterator[str]:
+        """The split's text; train's is what the vocabulary is fitted on, and ends with the words of the run's
+        training questions that BABILong's lack, so that a vocabulary fitted on a curriculum's shared stream has
+        them (seen once there, they come last in a word vocabulary: every other word keeps its id)."""
         yield from ("".join(text for text, _ in s.pieces()) for s in self.samples(split))
         if self.stream is not None and split == "train":
             yield from self.fitted_on.pool_texts()
+        if split == "train" and self.questions in QUESTION_WORDS:
+            yield " ".join(QUESTION_WORDS[self.questions]) + "\n"
 
     def documents(self, split: str) -> Iterator[Piece]:
         for sample in self.samples(split):
@@ -145,7 +150,7 @@ class BabilongDataModule(SegmentDataModule):
             raise DataError(f"data.loss must be answer (the answer's tokens only) or all (every token), got {loss!r}")
         if train_questions not in QUESTIONS:
             raise DataError("data.train_questions must be last (one per training story), all (each of the story), "
-                            "every (qa1), end (each actor or object, after the facts) or end_actors, "
+                            "every (qa1), end (each actor or object, after the facts), end_actors or end_holders, "
                             f"got {train_questions!r}")
         questions = train_questions
         for key, most in (("train_most_questions", train_most_questions), ("val_most_questions", val_most_questions)):

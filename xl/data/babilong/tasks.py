@@ -34,8 +34,13 @@ QUESTIONS_PER_STORY = 5  # a story is cut at its k-th question, k from 1 to this
 # Which questions a story keeps (data.train_questions): its last (BABILong's one), all of them in bAbI's format, in
 # qa1 every actor's at each question's place (other tasks: all), or once after all the facts every actor's (qa1) or
 # every object's the task could ask about (qa2, qa3; qa4, qa5: last); ``end_actors``: as ``end``, and in qa2 and qa3
-# every actor's who moved too (the place the objects' questions end with).
-QUESTIONS = ("last", "all", "every", "end", "end_actors")
+# every actor's who moved too (the place the objects' questions end with); ``end_holders``: as ``end_actors``, and
+# who holds each object someone holds (the actor whose moves carry it): the two steps of qa2's answer asked apart.
+QUESTIONS = ("last", "all", "every", "end", "end_actors", "end_holders")
+ENDS = ("end", "end_actors", "end_holders")  # the values that ask after all the facts
+# Words a value's training questions use that no story of BABILong's questions has: a vocabulary fitted on other
+# stories than the run's (a curriculum's shared one) is given them too.
+QUESTION_WORDS = {"end_holders": ("Who", "has")}
 MAX_FACTS = 300  # a story of qa2 or qa3 that has not reached its question by then is begun again
 OBJECT_ACTIONS = (("get", "drop"), ("move",))  # qa2, qa3: get or drop, or a move, each group one time in two
 GIVER_ACTIONS = (("get",), ("give",), ("move",))  # qa5
@@ -89,7 +94,7 @@ def qa1(rng: random.Random, questions: str = "last",
         world.perform(world.propose("move"))
         world.perform(world.propose("move"))
     actor = rng.choice(sorted(world.actor_at))
-    if questions in ("every", "end", "end_actors"):
+    if questions == "every" or questions in ENDS:
         ask(rng.sample([a for a in sorted(world.actor_at) if a != actor], len(world.actor_at) - 1))
     return with_asked(answered("qa1", world, f"Where is {actor}?", world.actor_at[actor]), earlier)
 
@@ -102,7 +107,8 @@ def _object_story(task: str, rng: random.Random, askable: Askable, questions: st
     drawn among those ``askable`` offers, if any; the k-th question ends the story. ``questions``: ``"all"`` and
     ``"every"`` keep the earlier ones (the same draws of ``rng``), ``"end"`` asks after the last one's facts about
     each other askable object too, in random order, the story's own question last (more draws: other stories);
-    ``"end_actors"`` asks there about every actor who moved as well ("Where is Mary?"), all in one random order."""
+    ``"end_actors"`` asks there about every actor who moved as well ("Where is Mary?"), all in one random order;
+    ``"end_holders"`` also who holds each object someone holds ("Who has the football?")."""
     world = World(rng, ACTORS)
     last = rng.randint(1, most)
     since = 0
@@ -119,11 +125,14 @@ def _object_story(task: str, rng: random.Random, askable: Askable, questions: st
                 story = answered(task, world, *options[o])
                 since = 0
                 if len(earlier) + 1 == last:
-                    if questions in ("end", "end_actors"):
+                    if questions in ENDS:
                         others = [answered(task, world, *options[p]) for p in sorted(options) if p != o]
-                        if questions == "end_actors":
+                        if questions != "end":
                             others += [answered(task, world, f"Where is {a}?", world.actor_at[a])
                                        for a in sorted(world.actor_at)]
+                        if questions == "end_holders":
+                            others += [answered(task, world, f"Who has the {h}?", world.held[h])
+                                       for h in sorted(world.held)]
                         return with_asked(story, rng.sample(others, len(others)))
                     return with_asked(story, earlier if questions in ("all", "every") else [])
                 earlier.append(story)
