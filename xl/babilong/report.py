@@ -48,15 +48,21 @@ class Cell:
     seconds: float = 0.0
     baselines: dict[str, float] = field(default_factory=dict)  # each rule's accuracy on the cell's samples
     answers: dict[str, int] = field(default_factory=dict)  # how many answers are each of baselines.ANSWERS
+    supports: dict[str, list[int]] = field(default_factory=dict)  # per baselines.support: [right answers, samples]
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Cell:
         """A cell as :meth:`to_dict` wrote it (one written before ``answers`` was recorded has none)."""
         return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
-    def add(self, answer: str, context_tokens: int, read_tokens: int) -> None:
-        """One sample: its answer as :func:`xl.babilong.baselines.follows` names it, and what was read."""
+    def add(self, answer: str, context_tokens: int, read_tokens: int, support: str = "") -> None:
+        """One sample: its answer as :func:`xl.babilong.baselines.follows` names it, what was read, and what the
+        answer follows from (:func:`xl.babilong.baselines.support`)."""
         self.answers[answer] = self.answers.get(answer, 0) + 1
+        if support:
+            counts = self.supports.setdefault(support, [0, 0])
+            counts[0] += int(answer == "right")
+            counts[1] += 1
         self.correct += int(answer == "right")
         self.samples += 1
         self.context_tokens += context_tokens
@@ -101,7 +107,8 @@ def record(cfg: DictConfig, run: Any, context: MemoryContext, memory: MemoryConf
 def table(values: dict[str, Any]) -> str:
     """Accuracy in percent: a row per task and the mean over tasks, a column per length; then, for each task, a row
     per rule that needs no memory of the asked entity, on the same samples; then what the model's wrong answers
-    were (:data:`xl.babilong.baselines.ANSWERS`), in percent of the samples."""
+    were (:data:`xl.babilong.baselines.ANSWERS`), in percent of the samples; then, for a task whose answers follow
+    from facts of more than one kind, the accuracy on each kind (:func:`xl.babilong.baselines.support`)."""
     lengths = values["lengths"]
     rows = [(t, values["accuracy"][t]) for t in values["tasks"]] + [("mean", values["mean"])]
     rules = [(f"{t} {rule}", by_length) for t, by_rule in values.get("baselines", {}).items()
@@ -110,7 +117,14 @@ def table(values: dict[str, Any]) -> str:
                                 if c["task"] == t and c.get("answers")})
                for t in values["tasks"] for kind in ANSWERS[1:]]
     answers = [(name, row) for name, row in answers if row]
-    width = max(len(name) for name, _ in [*rows, *rules, *answers, ("task", None)]) + 1
+    supports = []
+    for t in values["tasks"]:
+        cells = [c for c in values["cells"] if c["task"] == t and c.get("supports")]
+        kinds = sorted({kind for c in cells for kind in c["supports"]})
+        if len(kinds) > 1:
+            supports += [(f"{t} from {kind}", {c["length"]: c["supports"][kind][0] / c["supports"][kind][1]
+                                               for c in cells if kind in c["supports"]}) for kind in kinds]
+    width = max(len(name) for name, _ in [*rows, *rules, *answers, *supports, ("task", None)]) + 1
 
     def line(name: str, row: dict[str, float]) -> str:
         return "  " + f"{name:<{width}}" + "".join(f"{100 * row[n]:>7.0f}" if n in row else f"{'':>7}"
@@ -124,6 +138,9 @@ def table(values: dict[str, Any]) -> str:
     if answers:
         lines += ["  the model's wrong answers, by what they name, in percent of the samples:"]
         lines += [line(name, row) for name, row in answers]
+    if supports:
+        lines += ["  accuracy on the samples whose answer follows from facts of these kinds, in this order:"]
+        lines += [line(name, row) for name, row in supports]
     return "\n".join(lines)
 
 

@@ -37,7 +37,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from xl.babilong import main  # noqa: F401 (the command, also importable from here)
-from xl.babilong.baselines import expected, follows
+from xl.babilong.baselines import expected, follows, support
 from xl.babilong.report import HEATMAP, Cell, log_results, record, table, write_results
 from xl.babilong.resume import Progress, SignalStop, identity, kept_cells
 from xl.config.rules import ConfigError, check_bounds
@@ -175,7 +175,8 @@ def score_cell(reader: Reader, background: Any, task: str, length: Any, cfg: Dic
         if len(batch) == cfg.batch_size or cell.samples + len(batch) == cfg.samples:
             for sample, output in zip(batch, reader.answer([s.prompt for s in batch]), strict=True):
                 story = sample.story
-                cell.add(follows(task, story, output), sample.tokens, len(reader.tokenizer.encode(sample.prompt)))
+                cell.add(follows(task, story, output), sample.tokens, len(reader.tokenizer.encode(sample.prompt)),
+                         support(story))
             batch = []
     if reader.model.device.type == "cuda":
         torch.cuda.synchronize()

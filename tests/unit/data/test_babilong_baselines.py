@@ -7,7 +7,9 @@ import itertools
 
 import pytest
 
-from xl.babilong.baselines import ANSWERS, RULES, candidates, entity_labels, expected, follows, last_named
+from tests.helpers.babilong_solver import parse
+from xl.babilong.baselines import ANSWERS, RULES, candidates, entity_labels, expected, follows, last_named, support
+from xl.babilong.report import Cell, table
 from xl.data.babilong.samples import stories
 from xl.data.babilong.tasks import Story
 
@@ -154,3 +156,30 @@ def test_what_an_answer_follows_by_hand():
     assert [follows("qa2", apple, a) for a in ("kitchen", "office", "garden", "bathroom")] == \
         ["right", "entity's other label", "last named", "another label"]
     assert follows("qa1", daniel, "bathroom") == "right" and ANSWERS[0] == "right"
+
+
+@pytest.mark.parametrize("task", ["qa1", "qa2", "qa3", "qa4", "qa5"])
+def test_what_an_answer_follows_from_is_its_supporting_facts_kinds_in_order(task):
+    """support() names each supporting fact's kind as the tests' own parser reads the sentence, in story order."""
+    kinds = set()
+    for s in itertools.islice(stories(task, "test", 0), 300):
+        assert support(s) == ", ".join(parse(s.facts[i]).kind for i in s.supporting)
+        kinds.add(support(s))
+    assert len(kinds) == {"qa2": 3, "qa3": 2}.get(task, 1), kinds  # qa2: dropped, held, carried by a move
+
+
+def test_the_table_gives_the_accuracy_on_each_kind_of_support_where_a_task_has_several():
+    carried = Story("qa2", ("Mary went to the office.", "Mary got the apple.", "Mary travelled to the kitchen."),
+                    "Where is the apple?", "kitchen", (1, 2))
+    assert support(carried) == "get, move"
+    cells = [Cell("qa2", "0", 0), Cell("qa1", "0", 0)]
+    for answer, kind in (("right", "get, move"), ("entity's other label", "get, move"), ("right", "move, drop")):
+        cells[0].add(answer, 10, 12, kind)
+    cells[1].add("right", 10, 12, "move")
+    values = {"tasks": ["qa2", "qa1"], "lengths": ["0"], "accuracy": {"qa2": {"0": 2 / 3}, "qa1": {"0": 1.0}},
+              "mean": {"0": 5 / 6}, "cells": [c.to_dict() for c in cells]}
+    lines = table(values).splitlines()
+    assert [line.split()[-1] for line in lines if line.startswith("  qa2 from ")] == ["50", "100"]
+    assert [" ".join(line.split()[:-1]) for line in lines if " from " in line and line.startswith("  q")] == [
+        "qa2 from get, move", "qa2 from move, drop"]  # qa1's answers follow from moves alone: no row
+    assert Cell.from_dict(cells[0].to_dict()).supports == {"get, move": [1, 2], "move, drop": [1, 1]}
