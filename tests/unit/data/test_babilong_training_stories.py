@@ -141,32 +141,40 @@ def test_end_asks_about_each_object_the_task_asks_about_once_after_all_the_facts
     assert asked > (1.5 if task == "qa2" else 1.1) * 200  # more than one question a story
 
 
+def beside(task: str, value: str, base: str, seed: str):
+    """200 stories of ``data.train_questions=value``, each beside ``base``'s story drawn from the same state of the
+    random stream: the same facts, question and answer, every question of ``base``'s asked too, at the same place
+    with the same answer. Yields the story, its questions and ``base``'s, each ``{question: (facts before, answer)}``;
+    then checks that qa1's stories are end's."""
+    a, b = random.Random(seed), random.Random(seed)
+    for _ in range(200):
+        story, other = GENERATORS[task](a, value), GENERATORS[task](b, base)
+        assert (story.facts, story.question, story.answer) == (other.facts, other.question, other.answer)
+        b.setstate(a.getstate())
+        asked = {q: (n, answer) for n, q, answer in story.asked}
+        base_asked = {q: (n, answer) for n, q, answer in other.asked}
+        assert len(asked) == len(story.asked) and base_asked.items() <= asked.items()
+        yield story, asked, base_asked
+    rng, plain = random.Random(3), random.Random(3)
+    for _ in range(50):
+        assert GENERATORS["qa1"](rng, value) == GENERATORS["qa1"](plain, "end")
+
+
 @pytest.mark.parametrize("task", ["qa2", "qa3"])
 def test_end_actors_asks_end_s_questions_and_about_each_actor_who_moved(task):
     """end_actors: the story, its question and its other objects' questions are end's; after them the same facts
     ask about every actor the facts move, once each, answered from the facts; only the order of the questions
     differs. qa1's stories are end's."""
-    a, b = random.Random("actors"), random.Random("actors")
     actors_asked = 0
-    for _ in range(200):
-        story, end = GENERATORS[task](a, "end_actors"), GENERATORS[task](b, "end")
-        assert (story.facts, story.question, story.answer) == (end.facts, end.question, end.answer)
-        b.setstate(a.getstate())
-        asked = {q: (n, answer) for n, q, answer in story.asked}
-        assert len(asked) == len(story.asked)
-        assert {q: (n, answer) for n, q, answer in end.asked}.items() <= asked.items()
+    for story, asked, end in beside(task, "end_actors", "end", "actors"):
         people = {q.removeprefix("Where is ").removesuffix("?"): (n, answer) for q, (n, answer) in asked.items()
                   if q.startswith("Where is ") and not q.startswith("Where is the ")}
-        moved = {e.actor for e in map(parse, story.facts) if e.kind == "move"}
-        assert set(people) == moved
+        assert set(people) == {e.actor for e in map(parse, story.facts) if e.kind == "move"}
         for person, (n, answer) in people.items():
             assert n == len(story.facts) and solve(list(story.facts), f"Where is {person}?") == answer
-        assert len(story.asked) == len(end.asked) + len(people)
+        assert len(asked) == len(end) + len(people)
         actors_asked += len(people)
     assert actors_asked > 2 * 200  # several actors a story
-    rng, plain = random.Random(3), random.Random(3)
-    for _ in range(50):
-        assert GENERATORS["qa1"](rng, "end_actors") == GENERATORS["qa1"](plain, "end")
 
 
 @pytest.mark.parametrize("task", ["qa2", "qa3"])
@@ -174,29 +182,17 @@ def test_end_holders_asks_end_actors_questions_and_who_holds_each_held_object(ta
     """end_holders: end_actors' story and questions, and after the facts "Who has the football?" about every object
     that someone holds there, once each, answered by the tests' solver (which tracks gets, gives and drops); only the
     order of the questions differs. qa1's stories are end's."""
-    a, b = random.Random("holders"), random.Random("holders")
     held = 0
-    for _ in range(200):
-        story, actors = GENERATORS[task](a, "end_holders"), GENERATORS[task](b, "end_actors")
-        assert (story.facts, story.question, story.answer) == (actors.facts, actors.question, actors.answer)
-        b.setstate(a.getstate())
-        asked = {q: (n, answer) for n, q, answer in story.asked}
-        assert {q: (n, answer) for n, q, answer in actors.asked}.items() <= asked.items()
-        holders = {q: answer for q, (n, answer) in asked.items() if q.startswith("Who has the ")}
-        assert len(story.asked) == len(actors.asked) + len(holders)
-        for question, answer in holders.items():
-            assert asked[question][0] == len(story.facts) and solve(list(story.facts), question) == answer
-        events = list(map(parse, story.facts))
-        for obj in {e.thing for e in events if e.kind == "get"}:  # each object someone holds is asked about
-            try:
-                assert f"Who has the {obj}?" in holders, obj
-            except AssertionError:
-                assert obj not in holders and [e.kind for e in events if e.thing == obj][-1] == "drop"
+    for story, asked, actors in beside(task, "end_holders", "end_actors", "holders"):
+        holders = {q.removeprefix("Who has the ").removesuffix("?"): (n, answer) for q, (n, answer) in asked.items()
+                   if q.startswith("Who has the ")}
+        last = {e.thing: e.kind for e in map(parse, story.facts) if e.kind in ("get", "drop")}
+        assert set(holders) == {o for o, kind in last.items() if kind == "get"}
+        for obj, (n, answer) in holders.items():
+            assert n == len(story.facts) and solve(list(story.facts), f"Who has the {obj}?") == answer
+        assert len(asked) == len(actors) + len(holders)
         held += len(holders)
     assert held > 200  # about one held object a story
-    rng, plain = random.Random(3), random.Random(3)
-    for _ in range(50):
-        assert GENERATORS["qa1"](rng, "end_holders") == GENERATORS["qa1"](plain, "end")
 
 
 def test_a_shared_vocabulary_has_end_holders_words_and_keeps_every_other_id(tmp_path):
