@@ -161,9 +161,8 @@ class BabilongDataSchema(DataSchema):
                                         "of the story answered in turn, bAbI's format; every: qa1 asks about every "
                                         "actor at each question's place; end: after all the facts, qa1 asks about "
                                         "every actor, qa2 and qa3 about every object they can; end_actors: end, and "
-                                        "qa2 and qa3 about every actor who moved too; end_holders: end_actors, and "
-                                        "who has each object someone holds (any length; all and every: "
-                                        "length 0; val and test keep one)")
+                                        "qa2 and qa3 about every actor who moved too; end_holders: end_actors, and who "
+                                        "has each object held (any length; all, every: length 0; val, test keep one)")
     train_most_questions: int = setting(5, bound=Bound("a whole number from 1 to 5",
                                                        lambda v: is_int(v) and 1 <= v <= 5),
                                         help="a training story runs to its k-th question, k from 1 to this (bAbI's "
