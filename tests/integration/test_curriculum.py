@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import compose_config
+from tests.helpers.babilong_solver import parse
 from tests.integration.test_resume import LossRecorder
 from xl.config.rules import ConfigError, check_config
 from xl.training.build import build_run, make_datamodule
@@ -113,6 +114,8 @@ def test_every_stage_shares_one_vocabulary(tmp_path, corpus):
      "curriculum stage 1: train_most_questions must be a whole number from 1 to 5, got 6"),
     ("{length:0,val_most_questions:0,steps:4}",
      "curriculum stage 1: val_most_questions must be a whole number from 1 to 5, got 0"),
+    ("{length:0,train_support:{qa2:['drop, move']},steps:4}",
+     "curriculum stage 1: train_support must map tasks to lists of what their answers follow from"),
 ])
 def test_a_bad_stage_is_refused_in_one_sentence(tmp_path, corpus, stage, sentence):
     cfg = compose_config(*overrides(tmp_path, corpus, "bad"), f"curriculum=[{stage}]")
@@ -147,6 +150,26 @@ def test_a_stage_validated_on_its_own_stories_keeps_the_test_split(tmp_path, cor
     assert max(len(s.story.facts) for s in last.source.samples("val")) > 2
     assert list(first.source.samples("test")) == list(last.source.samples("test"))
     assert first.tokenizer.to_dict() == last.tokenizer.to_dict()
+
+
+def test_a_stage_on_one_kind_of_support_sets_the_training_stories_and_nothing_else(tmp_path, corpus):
+    """``train_support`` per stage: the first stage trains on qa2's stories whose object was carried by its holder's
+    move (and qa1's as they are), the last on every story; one vocabulary, the same val and test samples."""
+    stages = "curriculum=[{length:0,train_support:{qa2:['get, move']},steps:4},{length:0}]"
+    settings = [o if o != "data.tasks=[qa1]" else "data.tasks=[qa1,qa2]" for o in overrides(tmp_path, corpus, "sup")]
+    data = make_datamodule(compose_config(*settings, stages))
+    data.prepare_data()
+    first, last = data.modules
+
+    def supports(module) -> set[str]:
+        got = (module.stream.sample(0, j).story for j in range(40))
+        return {", ".join(parse(s.facts[i]).kind for i in s.supporting) for s in got if s.task == "qa2"}
+
+    assert supports(first) == {"get, move"}
+    assert supports(last) == {"get, move", "move, get", "move, drop"}
+    assert first.tokenizer.to_dict() == last.tokenizer.to_dict()
+    for split in ("val", "test"):
+        assert list(first.source.samples(split)) == list(last.source.samples(split))
 
 
 def test_a_curriculum_needs_the_stream_and_validation_at_epoch_ends(tmp_path, corpus):

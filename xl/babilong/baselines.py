@@ -24,9 +24,9 @@ before); or, if not, the candidate named last (``last named``); or ``another lab
 or several). A model that finds the asked entity's facts but not which is the newest answers the entity's other
 labels; one that answers by recency, the last named.
 
-What an answer needs (:func:`support`): the kinds of its supporting facts in the story's order, such as ``get, move``
-in qa2 (an object picked up, then carried by its holder's move) or ``move, drop`` (dropped where its holder had
-gone); the scorer reports the model's accuracy on each.
+What an answer needs (:func:`xl.data.babilong.tasks.support`): the kinds of its supporting facts in the story's
+order, such as ``get, move`` in qa2 (an object picked up, then carried by its holder's move) or ``move, drop``
+(dropped where its holder had gone); the scorer reports the model's accuracy on each.
 """
 
 from __future__ import annotations
@@ -38,12 +38,11 @@ from functools import cache
 
 from xl.data.babilong.answers import first_sentence, is_correct
 from xl.data.babilong.tasks import LABELS, Story
-from xl.data.babilong.world import ACTORS, DROPS, GETS, GIVERS, GIVES, LOCATIONS, MOVES, OBJECTS
+from xl.data.babilong.world import ACTORS, GIVERS, LOCATIONS, OBJECTS
 
 RULES = ("last named", "most frequent", "uniform", "entity's labels")
 ANSWERS = ("right", "entity's other label", "last named", "another label", "no single label")
 PEOPLE = tuple(dict.fromkeys((*ACTORS, *GIVERS)))
-FACT_KINDS = (("move", MOVES), ("give", GIVES), ("get", GETS), ("drop", DROPS))  # else a relation (qa4)
 
 
 @cache
@@ -109,13 +108,3 @@ def follows(task: str, story: Story, output: str) -> str:
     if answer in entity_labels(task, story):
         return "entity's other label"
     return "last named" if answer == last_named(task, story) else "another label"
-
-
-def fact_kind(fact: str) -> str:
-    """move, get, drop or give, by the fact's verb; relation for qa4's facts."""
-    return next((kind for kind, verbs in FACT_KINDS if any(f" {verb} the " in fact for verb in verbs)), "relation")
-
-
-def support(story: Story) -> str:
-    """What the answer follows from: the kind of each supporting fact, in the story's order (``get, move``)."""
-    return ", ".join(fact_kind(story.facts[i]) for i in story.supporting)

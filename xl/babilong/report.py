@@ -48,7 +48,7 @@ class Cell:
     seconds: float = 0.0
     baselines: dict[str, float] = field(default_factory=dict)  # each rule's accuracy on the cell's samples
     answers: dict[str, int] = field(default_factory=dict)  # how many answers are each of baselines.ANSWERS
-    supports: dict[str, list[int]] = field(default_factory=dict)  # per baselines.support: [right answers, samples]
+    supports: dict[str, list[int]] = field(default_factory=dict)  # per tasks.support: [right answers, samples]
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Cell:
@@ -57,7 +57,7 @@ class Cell:
 
     def add(self, answer: str, context_tokens: int, read_tokens: int, support: str = "") -> None:
         """One sample: its answer as :func:`xl.babilong.baselines.follows` names it, what was read, and what the
-        answer follows from (:func:`xl.babilong.baselines.support`)."""
+        answer follows from (:func:`xl.data.babilong.tasks.support`)."""
         self.answers[answer] = self.answers.get(answer, 0) + 1
         if support:
             counts = self.supports.setdefault(support, [0, 0])
@@ -108,7 +108,7 @@ def table(values: dict[str, Any]) -> str:
     """Accuracy in percent: a row per task and the mean over tasks, a column per length; then, for each task, a row
     per rule that needs no memory of the asked entity, on the same samples; then what the model's wrong answers
     were (:data:`xl.babilong.baselines.ANSWERS`), in percent of the samples; then, for a task whose answers follow
-    from facts of more than one kind, the accuracy on each kind (:func:`xl.babilong.baselines.support`)."""
+    from facts of more than one kind, the accuracy on each kind (:func:`xl.data.babilong.tasks.support`)."""
     lengths = values["lengths"]
     rows = [(t, values["accuracy"][t]) for t in values["tasks"]] + [("mean", values["mean"])]
     rules = [(f"{t} {rule}", by_length) for t, by_rule in values.get("baselines", {}).items()

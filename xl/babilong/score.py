@@ -37,7 +37,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from xl.babilong import main  # noqa: F401 (the command, also importable from here)
-from xl.babilong.baselines import expected, follows, support
+from xl.babilong.baselines import expected, follows
 from xl.babilong.report import HEATMAP, Cell, log_results, record, table, write_results
 from xl.babilong.resume import Progress, SignalStop, identity, kept_cells
 from xl.config.rules import ConfigError, check_bounds
@@ -45,6 +45,7 @@ from xl.data.babilong.background import Sentences
 from xl.data.babilong.data import token_counter
 from xl.data.babilong.lengths import length_name, parse_length
 from xl.data.babilong.samples import Sample, samples
+from xl.data.babilong.tasks import support
 from xl.data.sources import StdlibSource
 from xl.generation import decoding_context
 from xl.model import memory_settings

@@ -7,9 +7,10 @@
       - {length: 128, steps: 2000}
       - {length: 256}
 
-``length``, ``tasks``, ``train_most_questions`` and ``val_most_questions`` replace the ``data`` settings of those
-names for the stage (``train_most_questions``: a curriculum over the number of facts; ``val_most_questions``: the
-stage validated on stories as long as its own, so that a threshold on ``val/loss`` ends it once they are learnt);
+``length``, ``tasks``, ``train_most_questions``, ``val_most_questions`` and ``train_support`` replace the ``data``
+settings of those names for the stage (``train_most_questions``: a curriculum over the number of facts;
+``val_most_questions``: the stage validated on stories as long as its own, so that a threshold on ``val/loss`` ends
+it once they are learnt; ``train_support``: a stage on the stories whose answers follow from given kinds of facts);
 ``steps`` is the stage's budget of optimizer steps; ``metric`` with ``below`` (or ``above``) ends it at the first
 validation whose value passes. A stage ends at the first validation where either holds; the last stage's end ends
 the training. :func:`check_curriculum` refuses a bad list in one sentence before any work;
@@ -25,11 +26,11 @@ from omegaconf import OmegaConf
 
 from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
 from xl.data.babilong.lengths import is_length, parse_length
-from xl.data.babilong.tasks import QUESTIONS_PER_STORY, TASKS
+from xl.data.babilong.tasks import QUESTIONS_PER_STORY, TASKS, is_train_support
 from xl.settings.bounds import is_int, is_number
 
-KEYS = ("length", "tasks", "train_most_questions", "val_most_questions", "steps", "metric", "below", "above")
-DATA_KEYS = ("length", "tasks", "train_most_questions", "val_most_questions")  # the data settings a stage may change
+DATA_KEYS = ("length", "tasks", "train_most_questions", "val_most_questions", "train_support")  # a stage may change
+KEYS = (*DATA_KEYS, "steps", "metric", "below", "above")
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,10 @@ def check_stage(i: int, node: Any, metrics: list[str], last: bool) -> None:
         most = node.get(key)
         if most is not None and not (is_int(most) and 1 <= most <= QUESTIONS_PER_STORY):
             raise ValueError(f"{where}: {key} must be a whole number from 1 to {QUESTIONS_PER_STORY}, got {most!r}")
+    support = node.get("train_support")
+    if support is not None and not is_train_support(support):
+        raise ValueError(f"{where}: train_support must map tasks to lists of what their answers follow from, such as "
+                         f"{{qa2: ['get, move']}}, got {support!r}")
     steps = node.get("steps")
     if steps is not None and not (is_int(steps) and steps >= 1):
         raise ValueError(f"{where}: steps must be a whole number >= 1 (optimizer steps), got {steps!r}")

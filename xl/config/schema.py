@@ -26,6 +26,7 @@ from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
 from xl.data.babilong.lengths import is_length
 from xl.data.babilong.tasks import QUESTIONS as TRAIN_QUESTIONS
 from xl.data.babilong.tasks import TASKS as BABILONG_TASKS
+from xl.data.babilong.tasks import is_train_support
 from xl.model.config import XLConfig
 from xl.model.memory_settings import EVALUATED, MemorySettings, overrides
 from xl.settings.bounds import (
@@ -63,6 +64,8 @@ def _devices(v: Any) -> bool:
 
 POSITIVE = at_least(1)
 COUNT = at_least(0)
+POSITIVE_OR_NULL = Bound("at least 1", lambda v: v is None or (is_int(v) and v >= 1))
+MOST_QUESTIONS = Bound("a whole number from 1 to 5", lambda v: is_int(v) and 1 <= v <= 5)
 
 
 # ---- model and memory: the defaults are XLConfig's (config S of the benchmarks) -----------------------------------
@@ -104,15 +107,12 @@ class DataSchema:
     # (Any, not dict | None: OmegaConf cannot merge a mapping into a node so typed that holds null)
     tokenizer_kwargs: Any = setting(
         None, help="word: {min_freq: 1, max_size: null, punctuation: false (true: each punctuation mark a word)}; "
-                   "bpe/unigram: {vocab_size: 4096, special_tokens: [], "
-                   "pre_tokenizer: gpt2}; a key the config does not have yet is added with + "
-                   "(+data.tokenizer_kwargs.vocab_size=8000)")
+                   "bpe/unigram: {vocab_size: 4096, special_tokens: [], pre_tokenizer: gpt2}; a key the config does "
+                   "not have yet is added with + (+data.tokenizer_kwargs.vocab_size=8000)")
     batch_size: int = setting(8, bound=Bound("at least 1", lambda v: is_int(v) and v >= 1), help="streams per device")
-    eval_batch_size: int | None = setting(
-        None, bound=Bound("at least 1", lambda v: v is None or (is_int(v) and v >= 1)), help="null: batch_size")
+    eval_batch_size: int | None = setting(None, bound=POSITIVE_OR_NULL, help="null: batch_size")
     tgt_len: int = setting(128, bound=Bound("at least 1", lambda v: is_int(v) and v >= 1), help="tokens per segment")
-    eval_tgt_len: int | None = setting(
-        None, bound=Bound("at least 1", lambda v: v is None or (is_int(v) and v >= 1)), help="null: tgt_len")
+    eval_tgt_len: int | None = setting(None, bound=POSITIVE_OR_NULL, help="null: tgt_len")
     cache_dir: str | None = setting(None, help="the token cache; null: $XL_CACHE_DIR, else ~/.cache/xl")
     tokenizer_file: str | None = setting(
         None, help="read instead of fitting: bpe/unigram a byte-level Hugging Face tokenizer.json, word a vocabulary "
@@ -157,17 +157,18 @@ class BabilongDataSchema(DataSchema):
     loss: str = setting("answer", bound=one_of("answer", "all", words="answer or all"),
                         help="answer: the answer's tokens only; all: every token")
     train_questions: str = setting("last", bound=one_of(*TRAIN_QUESTIONS),
-                                   help="last: one question ends each training story (BABILong's); all: every question "
-                                        "of the story answered in turn, bAbI's format; every: qa1 asks about every "
-                                        "actor at each question's place; end: after all the facts, qa1 asks about "
-                                        "every actor, qa2 and qa3 about every object they can; end_actors: end, and "
-                                        "qa2 and qa3 about every actor who moved too; end_holders: end_actors, and who "
-                                        "has each object held (any length; all, every: length 0; val, test keep one)")
-    train_most_questions: int = setting(5, bound=Bound("a whole number from 1 to 5",
-                                                       lambda v: is_int(v) and 1 <= v <= 5),
+                                   help="last: one question ends a training story (BABILong's); all: each of its "
+                                        "questions in turn (bAbI's); every: qa1 asks of every actor at each; end: "
+                                        "after all facts, of every actor (qa1) or object (qa2, qa3); end_actors: and "
+                                        "of every actor who moved; end_holders: and who has each object held")
+    train_most_questions: int = setting(5, bound=MOST_QUESTIONS,
                                         help="a training story runs to its k-th question, k from 1 to this (bAbI's "
                                              "5; qa1: two moves per question); val and test keep 5")
-    val_most_questions: int = setting(5, bound=Bound("a whole number from 1 to 5", lambda v: is_int(v) and 1 <= v <= 5),
+    train_support: Any = setting(None, bound=Bound("tasks mapped to lists of what their answers follow from, as "
+                                                   "{qa2: ['get, move']}", lambda v: v is None or is_train_support(v)),
+                                 help="keeps a task's training stories whose answer follows from facts of those kinds "
+                                      "in order (qa2: move, get; get, move; move, drop); null: all")
+    val_most_questions: int = setting(5, bound=MOST_QUESTIONS,
                                       help="a validation story runs to its k-th question, k from 1 to this: a "
                                            "curriculum stage validated on its own stories; test keeps 5")
 
@@ -215,8 +216,7 @@ class TrainerSchema:
     check_val_every_n_epoch: int | None = setting(None, bound=optional(POSITIVE), help="null: by val_check_interval")
     limit_val_batches: int | float = setting(100, bound=BATCHES, help="segments of validation")
     limit_test_batches: int | float = setting(1.0, bound=BATCHES, help="segments of the test")
-    gradient_clip_val: float | None = setting(0.25, bound=optional(at_least(0, "a finite number")),
-                                              help="null: no clipping")
+    gradient_clip_val: float | None = setting(0.25, bound=optional(at_least(0, "a finite number")), help="null: none")
     accumulate_grad_batches: int = setting(1, bound=POSITIVE, help="windows per optimizer step")
     log_every_n_steps: int = setting(10, bound=POSITIVE, help="steps between logged values")
     num_sanity_val_steps: int = setting(2, bound=Bound("-1 (all) or an integer >= 0", lambda v: is_int(v) and v >= -1),

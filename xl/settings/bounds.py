@@ -157,8 +157,8 @@ def schema_bounds(node: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
     schema = OmegaConf.get_type(node)
     declared = {f.name: bound_of(f) for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
     for name, child in node.items_ex(resolve=False):  # a leaf is read (resolved) only if it has a bound
-        if OmegaConf.is_dict(child):
-            found += schema_bounds(child, f"{prefix}{name}.")
-        elif declared.get(name) is not None:
+        if declared.get(name) is not None:  # a mapping whose field declares a bound is checked whole
             found.append((f"{prefix}{name}", node[name], declared[name]))
+        elif OmegaConf.is_dict(child):
+            found += schema_bounds(child, f"{prefix}{name}.")
     return found

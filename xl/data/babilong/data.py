@@ -33,7 +33,7 @@ from xl.data.babilong.generated import (
 )
 from xl.data.babilong.lengths import parse_length
 from xl.data.babilong.samples import Sample, samples
-from xl.data.babilong.tasks import QUESTION_WORDS, QUESTIONS, QUESTIONS_PER_STORY, TASKS
+from xl.data.babilong.tasks import QUESTION_WORDS, QUESTIONS, QUESTIONS_PER_STORY, SUPPORTS, TASKS, is_train_support
 from xl.data.datamodule import SegmentDataModule
 from xl.data.errors import DataError
 from xl.data.sources import Piece, Source
@@ -71,11 +71,12 @@ class BabilongSource:
     def __init__(self, background: Source, tasks: Sequence[str], length: int, sizes: dict[str, int], seed: int,
                  count: Callable[[str], int], tokenizer_key: str, stream: SampleStream | None = None,
                  vocabulary: SampleStream | None = None, questions: str = "last",
-                 most: int = QUESTIONS_PER_STORY, val_most: int = QUESTIONS_PER_STORY) -> None:
+                 most: int = QUESTIONS_PER_STORY, val_most: int = QUESTIONS_PER_STORY,
+                 supports: dict[str, list[str]] | None = None) -> None:
         self.background, self.tasks, self.length = background, list(tasks), length
         self.sizes, self.seed, self.count, self.tokenizer_key = sizes, seed, count, tokenizer_key
         self.stream, self.fitted_on, self.questions = stream, vocabulary or stream, questions
-        self.most, self.val_most = most, val_most
+        self.most, self.val_most, self.supports = most, val_most, supports or {}
 
     def identity(self) -> str:
         stream = None if self.stream is None else [VOCABULARY_SAMPLES, self.fitted_on.pool_tokens]
@@ -86,7 +87,8 @@ class BabilongSource:
                            *([f"train questions: {self.questions}"] if self.questions != "last" else []),
                            *([f"train questions up to: {self.most}"] if self.most != QUESTIONS_PER_STORY else []),
                            *([f"val questions up to: {self.val_most}"]
-                             if self.val_most != QUESTIONS_PER_STORY else [])])
+                             if self.val_most != QUESTIONS_PER_STORY else []),
+                           *([f"train support: {self.supports}"] if self.supports else [])])
         return "babilong-" + hashlib.sha256(spec.encode()).hexdigest()[:16]
 
     def setting(self, split: str) -> str:
@@ -102,7 +104,8 @@ class BabilongSource:
         background = Sentences(self.background, split, self.count)
         questions, most = {"train": (self.questions, self.most), "val": ("last", self.val_most)}.get(
             split, ("last", QUESTIONS_PER_STORY))
-        streams = [samples(task, self.length, split, self.seed, background, self.count, questions, most)
+        supports = self.supports if split == "train" else None
+        streams = [samples(task, self.length, split, self.seed, background, self.count, questions, most, supports)
                    for task in self.tasks]
         for i in range(self.sizes[split]):
             yield next(streams[i % len(streams)])
@@ -136,7 +139,7 @@ class BabilongDataModule(SegmentDataModule):
                  train_samples: int | str = 2000, eval_samples: int = 200, seed: int = 0, loss: str = "answer",
                  vocabulary: dict[str, Any] | None = None, train_questions: str = "last",
                  train_most_questions: int = QUESTIONS_PER_STORY, val_most_questions: int = QUESTIONS_PER_STORY,
-                 **kwargs: Any) -> None:
+                 train_support: dict[str, list[str]] | None = None, **kwargs: Any) -> None:
         tasks = check_tasks(tasks)
         try:
             tokens = parse_length(length)
@@ -156,6 +159,10 @@ class BabilongDataModule(SegmentDataModule):
         for key, most in (("train_most_questions", train_most_questions), ("val_most_questions", val_most_questions)):
             if not isinstance(most, int) or not 1 <= most <= QUESTIONS_PER_STORY:
                 raise DataError(f"data.{key} must be a whole number from 1 to {QUESTIONS_PER_STORY}, got {most!r}")
+        if train_support is not None and not is_train_support(train_support):
+            raise DataError(f"data.train_support must map tasks to lists of what their answers follow from "
+                            f"(qa2: {', '.join(repr(k) for k in SUPPORTS['qa2'])}), got {train_support!r}")
+        supports = {str(t): [str(k) for k in kinds] for t, kinds in (train_support or {}).items()}
         if questions in ("all", "every") and tokens != 0:
             raise DataError(f"data.train_questions={questions} writes questions between a story's facts at "
                             "data.length=0 only; set data.length=0, or data.train_questions=last or end")
@@ -171,7 +178,7 @@ class BabilongDataModule(SegmentDataModule):
         sizes = {"train": train_samples, "val": eval_samples, "test": eval_samples}
         count = token_counter(tokenizer)
         self.stream = (SampleStream(background, tasks, tokens, seed, count, questions=questions,
-                                    most=train_most_questions)
+                                    most=train_most_questions, supports=supports)
                        if train_samples == STREAM else None)
         fitted_on = None
         if self.stream is not None:
@@ -180,7 +187,7 @@ class BabilongDataModule(SegmentDataModule):
                 fitted_on = SampleStream(background, check_tasks(vocabulary["tasks"]),
                                          parse_length(vocabulary["length"]), seed, count)
         source = BabilongSource(background, tasks, tokens, sizes, seed, count, tokenizer.key(), self.stream,
-                                fitted_on, questions, train_most_questions, val_most_questions)
+                                fitted_on, questions, train_most_questions, val_most_questions, supports)
         super().__init__(source, **kwargs)
         self.loss = loss
 

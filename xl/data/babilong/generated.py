@@ -5,7 +5,8 @@ Each row of the training batches (``data.batch_size`` per device, devices after 
 ``(data.seed, g, j)`` and the data settings: its story, the place of its facts and its background are drawn from a
 random generator seeded with them alone, so any sample can be made again without the ones before it, on any machine.
 A sample's story is drawn, as the cached train split's are, until its hash puts it in the train split
-(:func:`xl.data.babilong.samples.split_of`), so no story of the val or test split is ever trained on. The tasks take
+(:func:`xl.data.babilong.samples.split_of`), so no story of the val or test split is ever trained on (and, with
+``data.train_support``, until its answer follows from the kinds of facts asked for). The tasks take
 turns along a row, each row starting at another task. A sample is hidden in its background with
 :func:`xl.data.babilong.samples.hide`, the background read from a random sentence of the pool (:class:`Pool`) on.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import functools
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ import torch
 
 from xl.data.babilong.background import MAX_UNIT_TOKENS, Sentences, units
 from xl.data.babilong.samples import MAX_DRAWS, Sample, hide, split_of
-from xl.data.babilong.tasks import GENERATORS, QUESTIONS_PER_STORY
+from xl.data.babilong.tasks import GENERATORS, QUESTIONS_PER_STORY, kept
 from xl.data.errors import DataError
 from xl.data.metrics import IGNORE_INDEX
 from xl.data.sources import Source
@@ -88,9 +89,9 @@ class SampleStream:
 
     def __init__(self, background: Source, tasks: Sequence[str], length: int, seed: int,
                  count: Callable[[str], int], pool_tokens: int = POOL_TOKENS, questions: str = "last",
-                 most: int = QUESTIONS_PER_STORY) -> None:
+                 most: int = QUESTIONS_PER_STORY, supports: Mapping[str, Sequence[str]] | None = None) -> None:
         self.background, self.tasks, self.length, self.seed = background, list(tasks), length, seed
-        self.questions, self.most = questions, most
+        self.questions, self.most, self.supports = questions, most, supports
         self.count, self.pool_tokens = count, max(pool_tokens, 8 * length)
 
     @functools.cached_property
@@ -109,7 +110,7 @@ class SampleStream:
         rng = random.Random(f"babilong:{self.seed}:stream:{task}:{self.length}:{row}:{j}")
         for _ in range(MAX_DRAWS):
             story = GENERATORS[task](rng, self.questions, self.most)
-            if split_of(story) != "train":
+            if split_of(story) != "train" or not kept(story, self.supports):
                 continue
             background = None if self.pool is None else self.pool.reader(rng.randrange(len(self.pool.units)))
             sample = hide(story, self.length, background, self.count, rng)

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from xl.data.babilong.background import Sentences
-from xl.data.babilong.tasks import GENERATORS, QUESTIONS_PER_STORY, Story
+from xl.data.babilong.tasks import GENERATORS, QUESTIONS_PER_STORY, Story, kept
 from xl.data.errors import DataError
 
 SPLIT_OF_BUCKET = ("train",) * 8 + ("val", "test")
@@ -69,15 +69,16 @@ def split_of(story: Story) -> str:
     return SPLIT_OF_BUCKET[bucket]
 
 
-def stories(task: str, split: str, seed: int, questions: str = "last", most: int = QUESTIONS_PER_STORY
-            ) -> Iterator[Story]:
+def stories(task: str, split: str, seed: int, questions: str = "last", most: int = QUESTIONS_PER_STORY,
+            supports: Mapping[str, Sequence[str]] | None = None) -> Iterator[Story]:
     """The split's stories of ``task``, in an order fixed by ``seed``; ``questions``: which questions a story keeps
-    (:data:`xl.data.babilong.tasks.QUESTIONS`) and ``most`` how many at most (train split's settings)."""
+    (:data:`xl.data.babilong.tasks.QUESTIONS`), ``most`` how many at most and ``supports`` what their answers
+    follow from (:func:`xl.data.babilong.tasks.kept`; train split's settings)."""
     rng = random.Random(f"babilong:{seed}:{split}:{task}")
     generate = GENERATORS[task]
     while True:
         story = generate(rng, questions, most)
-        if split_of(story) == split:
+        if split_of(story) == split and kept(story, supports):
             yield story
 
 
@@ -145,11 +146,12 @@ def _with_questions(story: Story, count: Callable[[str], int]) -> Sample:
 
 
 def samples(task: str, length: int, split: str, seed: int, background: Sentences,
-            count: Callable[[str], int], questions: str = "last", most: int = QUESTIONS_PER_STORY) -> Iterator[Sample]:
+            count: Callable[[str], int], questions: str = "last", most: int = QUESTIONS_PER_STORY,
+            supports: Mapping[str, Sequence[str]] | None = None) -> Iterator[Sample]:
     """The split's samples of ``task`` at ``length``, the background read from ``background`` in order."""
     rng = random.Random(f"babilong:{seed}:{split}:{task}:{length}:positions")
     passed = 0
-    for story in stories(task, split, seed, questions, most):
+    for story in stories(task, split, seed, questions, most, supports):
         sample = hide(story, length, background, count, rng)
         if sample is not None:
             passed = 0

@@ -22,10 +22,23 @@ k-th question, k drawn from 1 to 5, since bAbI's stories ask five).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from xl.data.babilong.world import ACTORS, GIVERS, LOCATIONS, OBJECTS, OPPOSITE, Action, Known, World
+from xl.data.babilong.world import (
+    ACTORS,
+    DROPS,
+    GETS,
+    GIVERS,
+    GIVES,
+    LOCATIONS,
+    MOVES,
+    OBJECTS,
+    OPPOSITE,
+    Action,
+    Known,
+    World,
+)
 
 TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
 # The answers each task can have (BABILong's TASK_LABELS for qa1-qa5, babilong/metrics.py).
@@ -42,6 +55,12 @@ ENDS = ("end", "end_actors", "end_holders")  # the values that ask after all the
 # stories than the run's (a curriculum's shared one) is given them too.
 QUESTION_WORDS = {"end_holders": ("Who", "has")}
 MAX_FACTS = 300  # a story of qa2 or qa3 that has not reached its question by then is begun again
+FACT_KINDS = (("move", MOVES), ("give", GIVES), ("get", GETS), ("drop", DROPS))  # else a relation (qa4)
+# What each task's answer can follow from (:func:`support`): the kinds of its supporting facts in the story's order.
+# qa2: ``move, get`` (picked up where its holder had gone), ``get, move`` (carried by its holder's move), ``move,
+# drop`` (dropped where its holder had gone).
+SUPPORTS = {"qa1": ("move",), "qa2": ("move, get", "get, move", "move, drop"),
+            "qa3": ("move, get, move", "get, move, move"), "qa4": ("relation",), "qa5": ("give",)}
 OBJECT_ACTIONS = (("get", "drop"), ("move",))  # qa2, qa3: get or drop, or a move, each group one time in two
 GIVER_ACTIONS = (("get",), ("give",), ("move",))  # qa5
 
@@ -62,6 +81,29 @@ class Story:
     def key(self) -> str:
         """The story as text (task, facts, question): what must never be in two splits."""
         return "\n".join((self.task, *self.facts, self.question))
+
+
+def fact_kind(fact: str) -> str:
+    """move, get, drop or give, by the fact's verb; relation for qa4's facts."""
+    return next((kind for kind, verbs in FACT_KINDS if any(f" {verb} the " in fact for verb in verbs)), "relation")
+
+
+def support(story: Story) -> str:
+    """What the answer follows from: the kind of each supporting fact, in the story's order (``get, move``)."""
+    return ", ".join(fact_kind(story.facts[i]) for i in story.supporting)
+
+
+def is_train_support(value: object) -> bool:
+    """Whether ``value`` is a ``data.train_support``: a mapping from tasks to lists of their :data:`SUPPORTS`."""
+    return isinstance(value, Mapping) and all(
+        task in SUPPORTS and isinstance(kinds, Sequence) and not isinstance(kinds, str) and len(kinds)
+        and all(kind in SUPPORTS[task] for kind in kinds) for task, kinds in value.items())
+
+
+def kept(story: Story, supports: Mapping[str, Sequence[str]] | None) -> bool:
+    """Whether a training story is kept under ``data.train_support`` (``supports``): its task is not named there, or
+    its answer follows from one of the kinds named for it."""
+    return not supports or story.task not in supports or support(story) in supports[story.task]
 
 
 def answered(task: str, world: World, question: str, known: Known) -> Story:
