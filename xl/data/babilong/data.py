@@ -162,7 +162,8 @@ class BabilongDataModule(SegmentDataModule):
         if train_support is not None and not is_train_support(train_support):
             raise DataError(f"data.train_support must map tasks to lists of what their answers follow from "
                             f"(qa2: {', '.join(repr(k) for k in SUPPORTS['qa2'])}), got {train_support!r}")
-        supports = {str(t): [str(k) for k in kinds] for t, kinds in (train_support or {}).items()}
+        # in one order, so that the same kinds given in another order name the same token cache
+        supports = {str(t): sorted(str(k) for k in kinds) for t, kinds in sorted((train_support or {}).items())}
         if questions in ("all", "every") and tokens != 0:
             raise DataError(f"data.train_questions={questions} writes questions between a story's facts at "
                             "data.length=0 only; set data.length=0, or data.train_questions=last or end")
