@@ -179,6 +179,7 @@ def test_the_rules_without_memory_are_scored_on_the_very_samples_and_reported(qa
         assert cell["baselines"] == {rule: right[rule] / 4 for rule in RULES}
         for rule in RULES:
             assert values["baselines"][cell["task"]][rule][cell["length"]] == cell["baselines"][rule]
+        assert sum(n for _, n in cell["facts"].values()) == cell["samples"] == 4  # each sample in one group
     assert values["complete"] is True and values["identity"]["seed"] == 0
     printed = capsys.readouterr().out
     assert "rules without memory of the asked entity, on the same samples:" in printed

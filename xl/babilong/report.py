@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,17 @@ from xl.training.services.sweep import RESULTS_FILE, collect
 
 log = logging.getLogger(__name__)
 HEATMAP = "heatmap.png"
+FACT_COUNTS = (5, 10, 15, 20)  # the upper ends of the groups of stories by number of facts that the table reports
+
+
+def facts_group(facts: int) -> str:
+    """The group of stories with ``facts`` facts: 1-5, 6-10, 11-15, 16-20 or 21+."""
+    low = 1
+    for high in FACT_COUNTS:
+        if facts <= high:
+            return f"{low}-{high}"
+        low = high + 1
+    return f"{low}+"
 
 
 @dataclass
@@ -49,20 +61,22 @@ class Cell:
     baselines: dict[str, float] = field(default_factory=dict)  # each rule's accuracy on the cell's samples
     answers: dict[str, int] = field(default_factory=dict)  # how many answers are each of baselines.ANSWERS
     supports: dict[str, list[int]] = field(default_factory=dict)  # per tasks.support: [right answers, samples]
+    facts: dict[str, list[int]] = field(default_factory=dict)  # per facts_group of the story: the same
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Cell:
         """A cell as :meth:`to_dict` wrote it (one written before ``answers`` was recorded has none)."""
         return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
-    def add(self, answer: str, context_tokens: int, read_tokens: int, support: str = "") -> None:
-        """One sample: its answer as :func:`xl.babilong.baselines.follows` names it, what was read, and what the
-        answer follows from (:func:`xl.data.babilong.tasks.support`)."""
+    def add(self, answer: str, context_tokens: int, read_tokens: int, support: str = "", facts: int = 0) -> None:
+        """One sample: its answer as :func:`xl.babilong.baselines.follows` names it, what was read, what the
+        answer follows from (:func:`xl.data.babilong.tasks.support`) and how many facts its story has."""
         self.answers[answer] = self.answers.get(answer, 0) + 1
-        if support:
-            counts = self.supports.setdefault(support, [0, 0])
-            counts[0] += int(answer == "right")
-            counts[1] += 1
+        for counts_of, key in ((self.supports, support), (self.facts, facts_group(facts) if facts else "")):
+            if key:
+                counts = counts_of.setdefault(key, [0, 0])
+                counts[0] += int(answer == "right")
+                counts[1] += 1
         self.correct += int(answer == "right")
         self.samples += 1
         self.context_tokens += context_tokens
@@ -108,7 +122,9 @@ def table(values: dict[str, Any]) -> str:
     """Accuracy in percent: a row per task and the mean over tasks, a column per length; then, for each task, a row
     per rule that needs no memory of the asked entity, on the same samples; then what the model's wrong answers
     were (:data:`xl.babilong.baselines.ANSWERS`), in percent of the samples; then, for a task whose answers follow
-    from facts of more than one kind, the accuracy on each kind (:func:`xl.data.babilong.tasks.support`)."""
+    from facts of more than one kind, the accuracy on each kind (:func:`xl.data.babilong.tasks.support`); then,
+    for a task whose stories fall in more than one group by number of facts (:func:`facts_group`), the accuracy on
+    each group."""
     lengths = values["lengths"]
     rows = [(t, values["accuracy"][t]) for t in values["tasks"]] + [("mean", values["mean"])]
     rules = [(f"{t} {rule}", by_length) for t, by_rule in values.get("baselines", {}).items()
@@ -117,14 +133,10 @@ def table(values: dict[str, Any]) -> str:
                                 if c["task"] == t and c.get("answers")})
                for t in values["tasks"] for kind in ANSWERS[1:]]
     answers = [(name, row) for name, row in answers if row]
-    supports = []
-    for t in values["tasks"]:
-        cells = [c for c in values["cells"] if c["task"] == t and c.get("supports")]
-        kinds = sorted({kind for c in cells for kind in c["supports"]})
-        if len(kinds) > 1:
-            supports += [(f"{t} from {kind}", {c["length"]: c["supports"][kind][0] / c["supports"][kind][1]
-                                               for c in cells if kind in c["supports"]}) for kind in kinds]
-    width = max(len(name) for name, _ in [*rows, *rules, *answers, *supports, ("task", None)]) + 1
+    supports = breakdown(values, "supports", "{task} from {key}", sorted)
+    facts = breakdown(values, "facts", "{task} with {key} facts",
+                      lambda groups: sorted(groups, key=lambda g: int(g.split("-")[0].rstrip("+"))))
+    width = max(len(name) for name, _ in [*rows, *rules, *answers, *supports, *facts, ("task", None)]) + 1
 
     def line(name: str, row: dict[str, float]) -> str:
         return "  " + f"{name:<{width}}" + "".join(f"{100 * row[n]:>7.0f}" if n in row else f"{'':>7}"
@@ -141,7 +153,24 @@ def table(values: dict[str, Any]) -> str:
     if supports:
         lines += ["  accuracy on the samples whose answer follows from facts of these kinds, in this order:"]
         lines += [line(name, row) for name, row in supports]
+    if facts:
+        lines += ["  accuracy on the samples whose story has this many facts:"]
+        lines += [line(name, row) for name, row in facts]
     return "\n".join(lines)
+
+
+def breakdown(values: dict[str, Any], field_name: str, name: str,
+              order: Callable[[set[str]], list[str]]) -> list[tuple[str, dict[str, float]]]:
+    """Rows of accuracy per key of the cells' ``field_name`` (``{"get, move": [right, samples]}``), for each task
+    whose cells have more than one key, named by ``name`` and in ``order``."""
+    rows = []
+    for t in values["tasks"]:
+        cells = [c for c in values["cells"] if c["task"] == t and c.get(field_name)]
+        keys = order({key for c in cells for key in c[field_name]})
+        if len(keys) > 1:
+            rows += [(name.format(task=t, key=key), {c["length"]: c[field_name][key][0] / c[field_name][key][1]
+                                                     for c in cells if key in c[field_name]}) for key in keys]
+    return rows
 
 
 def write_results(output_dir: str | Path, values: dict[str, Any]) -> Path:

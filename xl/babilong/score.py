@@ -177,7 +177,7 @@ def score_cell(reader: Reader, background: Any, task: str, length: Any, cfg: Dic
             for sample, output in zip(batch, reader.answer([s.prompt for s in batch]), strict=True):
                 story = sample.story
                 cell.add(follows(task, story, output), sample.tokens, len(reader.tokenizer.encode(sample.prompt)),
-                         support(story))
+                         support(story), len(story.facts))
             batch = []
     if reader.model.device.type == "cuda":
         torch.cuda.synchronize()

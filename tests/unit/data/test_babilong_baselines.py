@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers.babilong_solver import parse
 from xl.babilong.baselines import ANSWERS, RULES, candidates, entity_labels, expected, follows, last_named
-from xl.babilong.report import Cell, table
+from xl.babilong.report import Cell, facts_group, table
 from xl.data.babilong.samples import stories
 from xl.data.babilong.tasks import SUPPORTS, Story, support
 
@@ -184,3 +184,23 @@ def test_the_table_gives_the_accuracy_on_each_kind_of_support_where_a_task_has_s
     assert [" ".join(line.split()[:-1]) for line in lines if " from " in line and line.startswith("  q")] == [
         "qa2 from get, move", "qa2 from move, drop"]  # qa1's answers follow from moves alone: no row
     assert Cell.from_dict(cells[0].to_dict()).supports == {"get, move": [1, 2], "move, drop": [1, 1]}
+
+
+def test_stories_are_grouped_by_their_number_of_facts():
+    groups = [facts_group(n) for n in range(1, 30)]
+    assert groups == ["1-5"] * 5 + ["6-10"] * 5 + ["11-15"] * 5 + ["16-20"] * 5 + ["21+"] * 9
+
+
+def test_the_table_gives_the_accuracy_on_each_group_of_stories_by_number_of_facts_in_their_order():
+    cells = [Cell("qa2", "0", 0), Cell("qa1", "0", 0)]
+    for answer, facts in (("right", 4), ("right", 12), ("last named", 13), ("right", 7), ("right", 25)):
+        cells[0].add(answer, 10, 12, "move, get", facts)
+    cells[1].add("right", 10, 12, "move", 4)
+    cells[1].add("right", 10, 12, "move", 3)
+    values = {"tasks": ["qa2", "qa1"], "lengths": ["0"], "accuracy": {"qa2": {"0": 0.8}, "qa1": {"0": 1.0}},
+              "mean": {"0": 0.9}, "cells": [c.to_dict() for c in cells]}
+    rows = [line.split() for line in table(values).splitlines() if " facts" in line and line.startswith("  q")]
+    assert [(row[2], row[-1]) for row in rows] == [("1-5", "100"), ("6-10", "100"), ("11-15", "50"), ("21+", "100")]
+    assert {row[0] for row in rows} == {"qa2"}  # qa1's stories are all of one group: no row
+    assert Cell.from_dict(cells[0].to_dict()).facts == {"1-5": [1, 1], "11-15": [1, 2], "6-10": [1, 1], "21+": [1, 1]}
+    assert Cell.from_dict({"task": "qa2", "length": "0", "tokens": 0, "correct": 1, "samples": 1}).facts == {}
