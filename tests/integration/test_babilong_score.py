@@ -21,6 +21,7 @@ from xl import train
 from xl.babilong import score
 from xl.babilong.baselines import ANSWERS, RULES, expected
 from xl.babilong.heatmap import figure
+from xl.babilong.report import facts_group
 from xl.babilong.score import Reader
 from xl.data.babilong.background import Sentences
 from xl.data.babilong.data import token_counter
@@ -180,6 +181,12 @@ def test_the_rules_without_memory_are_scored_on_the_very_samples_and_reported(qa
         for rule in RULES:
             assert values["baselines"][cell["task"]][rule][cell["length"]] == cell["baselines"][rule]
         assert sum(n for _, n in cell["facts"].values()) == cell["samples"] == 4  # each sample in one group
+        stream = samples(cell["task"], cell["tokens"], "test", 0, Sentences(StdlibSource(), "test", count), count)
+        stories = [next(stream).story for _ in range(4)]
+        assert set(cell["facts_baselines"]) == set(cell["facts"]) == {facts_group(len(s.facts)) for s in stories}
+        for name, rules in cell["facts_baselines"].items():
+            group = [s for s in stories if facts_group(len(s.facts)) == name]
+            assert rules == {rule: n / len(group) for rule, n in expected(cell["task"], group).items()}
     assert values["complete"] is True and values["identity"]["seed"] == 0
     printed = capsys.readouterr().out
     assert "rules without memory of the asked entity, on the same samples:" in printed

@@ -33,6 +33,7 @@ from xl.training.services.sweep import RESULTS_FILE, collect
 
 log = logging.getLogger(__name__)
 HEATMAP = "heatmap.png"
+FACT_RULES = ("last named", "entity's labels")  # the rules the table gives beside each group of stories by facts
 FACT_COUNTS = (5, 10, 15, 20)  # the upper ends of the groups of stories by number of facts that the table reports
 
 
@@ -62,6 +63,7 @@ class Cell:
     answers: dict[str, int] = field(default_factory=dict)  # how many answers are each of baselines.ANSWERS
     supports: dict[str, list[int]] = field(default_factory=dict)  # per tasks.support: [right answers, samples]
     facts: dict[str, list[int]] = field(default_factory=dict)  # per facts_group of the story: the same
+    facts_baselines: dict[str, dict[str, float]] = field(default_factory=dict)  # per facts_group: each rule's accuracy
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Cell:
@@ -124,7 +126,7 @@ def table(values: dict[str, Any]) -> str:
     were (:data:`xl.babilong.baselines.ANSWERS`), in percent of the samples; then, for a task whose answers follow
     from facts of more than one kind, the accuracy on each kind (:func:`xl.data.babilong.tasks.support`); then,
     for a task whose stories fall in more than one group by number of facts (:func:`facts_group`), the accuracy on
-    each group."""
+    each group, and that of the rules of :data:`FACT_RULES` on the group's samples."""
     lengths = values["lengths"]
     rows = [(t, values["accuracy"][t]) for t in values["tasks"]] + [("mean", values["mean"])]
     rules = [(f"{t} {rule}", by_length) for t, by_rule in values.get("baselines", {}).items()
@@ -133,9 +135,14 @@ def table(values: dict[str, Any]) -> str:
                                 if c["task"] == t and c.get("answers")})
                for t in values["tasks"] for kind in ANSWERS[1:]]
     answers = [(name, row) for name, row in answers if row]
-    supports = breakdown(values, "supports", "{task} from {key}", sorted)
-    facts = breakdown(values, "facts", "{task} with {key} facts",
-                      lambda groups: sorted(groups, key=lambda g: int(g.split("-")[0].rstrip("+"))))
+    supports = [(f"{t} from {key}", row) for t, key, _, row in breakdown(values, "supports", sorted)]
+    facts = []
+    for t, key, cells, row in breakdown(values, "facts", lambda groups: sorted(groups, key=group_start)):
+        facts.append((f"{t} with {key} facts", row))
+        facts += [(f"{t} with {key} facts: {rule}", {c["length"]: c["facts_baselines"][key][rule] for c in cells
+                                                     if rule in c.get("facts_baselines", {}).get(key, {})})
+                  for rule in FACT_RULES]
+    facts = [(name, row) for name, row in facts if row]
     width = max(len(name) for name, _ in [*rows, *rules, *answers, *supports, *facts, ("task", None)]) + 1
 
     def line(name: str, row: dict[str, float]) -> str:
@@ -159,17 +166,23 @@ def table(values: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def breakdown(values: dict[str, Any], field_name: str, name: str,
-              order: Callable[[set[str]], list[str]]) -> list[tuple[str, dict[str, float]]]:
-    """Rows of accuracy per key of the cells' ``field_name`` (``{"get, move": [right, samples]}``), for each task
-    whose cells have more than one key, named by ``name`` and in ``order``."""
+def group_start(group: str) -> int:
+    """The fewest facts of a :func:`facts_group` (6 for ``6-10``)."""
+    return int(group.split("-")[0].rstrip("+"))
+
+
+def breakdown(values: dict[str, Any], field_name: str,
+              order: Callable[[set[str]], list[str]]) -> list[tuple[str, str, list[dict[str, Any]], dict[str, float]]]:
+    """Per task whose cells' ``field_name`` (``{"get, move": [right, samples]}``) has more than one key, each key in
+    ``order``: the task, the key, the task's cells that have it, and the accuracy on its samples per length."""
     rows = []
     for t in values["tasks"]:
         cells = [c for c in values["cells"] if c["task"] == t and c.get(field_name)]
         keys = order({key for c in cells for key in c[field_name]})
         if len(keys) > 1:
-            rows += [(name.format(task=t, key=key), {c["length"]: c[field_name][key][0] / c[field_name][key][1]
-                                                     for c in cells if key in c[field_name]}) for key in keys]
+            for key in keys:
+                have = [c for c in cells if key in c[field_name]]
+                rows.append((t, key, have, {c["length"]: c[field_name][key][0] / c[field_name][key][1] for c in have}))
     return rows
 
 

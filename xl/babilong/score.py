@@ -38,14 +38,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from xl.babilong import main  # noqa: F401 (the command, also importable from here)
 from xl.babilong.baselines import expected, follows
-from xl.babilong.report import HEATMAP, Cell, log_results, record, table, write_results
+from xl.babilong.report import HEATMAP, Cell, facts_group, log_results, record, table, write_results
 from xl.babilong.resume import Progress, SignalStop, identity, kept_cells
 from xl.config.rules import ConfigError, check_bounds
 from xl.data.babilong.background import Sentences
 from xl.data.babilong.data import token_counter
 from xl.data.babilong.lengths import length_name, parse_length
 from xl.data.babilong.samples import Sample, samples
-from xl.data.babilong.tasks import support
+from xl.data.babilong.tasks import Story, support
 from xl.data.sources import StdlibSource
 from xl.generation import decoding_context
 from xl.model import memory_settings
@@ -183,6 +183,11 @@ def score_cell(reader: Reader, background: Any, task: str, length: Any, cfg: Dic
         torch.cuda.synchronize()
     cell.seconds = time.perf_counter() - start
     cell.baselines = {rule: right / cell.samples for rule, right in expected(task, stories).items()}
+    groups: dict[str, list[Story]] = {}
+    for story in stories:
+        groups.setdefault(facts_group(len(story.facts)), []).append(story)
+    cell.facts_baselines = {group: {rule: right / len(those) for rule, right in expected(task, those).items()}
+                            for group, those in groups.items()}
     return cell
 
 

@@ -197,10 +197,16 @@ def test_the_table_gives_the_accuracy_on_each_group_of_stories_by_number_of_fact
         cells[0].add(answer, 10, 12, "move, get", facts)
     cells[1].add("right", 10, 12, "move", 4)
     cells[1].add("right", 10, 12, "move", 3)
+    cells[0].facts_baselines = {"1-5": {"last named": 1.0, "entity's labels": 0.5, "uniform": 1 / 6},
+                                "11-15": {"last named": 0.0, "entity's labels": 0.25}}
     values = {"tasks": ["qa2", "qa1"], "lengths": ["0"], "accuracy": {"qa2": {"0": 0.8}, "qa1": {"0": 1.0}},
               "mean": {"0": 0.9}, "cells": [c.to_dict() for c in cells]}
     rows = [line.split() for line in table(values).splitlines() if " facts" in line and line.startswith("  q")]
-    assert [(row[2], row[-1]) for row in rows] == [("1-5", "100"), ("6-10", "100"), ("11-15", "50"), ("21+", "100")]
+    assert [(" ".join(row[2:-1]), row[-1]) for row in rows] == [
+        ("1-5 facts", "100"), ("1-5 facts: last named", "100"), ("1-5 facts: entity's labels", "50"),
+        ("6-10 facts", "100"),  # no rules recorded for it: no rows
+        ("11-15 facts", "50"), ("11-15 facts: last named", "0"), ("11-15 facts: entity's labels", "25"),
+        ("21+ facts", "100")]
     assert {row[0] for row in rows} == {"qa2"}  # qa1's stories are all of one group: no row
     assert Cell.from_dict(cells[0].to_dict()).facts == {"1-5": [1, 1], "11-15": [1, 2], "6-10": [1, 1], "21+": [1, 1]}
     assert Cell.from_dict({"task": "qa2", "length": "0", "tokens": 0, "correct": 1, "samples": 1}).facts == {}
