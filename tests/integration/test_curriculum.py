@@ -110,10 +110,10 @@ def test_every_stage_shares_one_vocabulary(tmp_path, corpus):
     ("{length:0,step:4}", "curriculum stage 1 has step, which is not a stage setting"),
     ("{length:lots,steps:4}", "curriculum stage 1 needs length"),
     ("{length:0,steps:4,below:1,above:2}", "curriculum stage 1 has both below and above; give one threshold"),
-    ("{length:0,train_most_questions:6,steps:4}",
-     "curriculum stage 1: train_most_questions must be a whole number from 1 to 5, got 6"),
+    ("{length:0,train_most_questions:11,steps:4}",
+     "curriculum stage 1: train_most_questions must be a whole number from 1 to 10, got 11"),
     ("{length:0,val_most_questions:0,steps:4}",
-     "curriculum stage 1: val_most_questions must be a whole number from 1 to 5, got 0"),
+     "curriculum stage 1: val_most_questions must be a whole number from 1 to 10, got 0"),
     ("{length:0,train_support:{qa2:['drop, move']},steps:4}",
      "curriculum stage 1: train_support must map tasks to lists of what their answers follow from"),
 ])

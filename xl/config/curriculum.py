@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
 from xl.data.babilong.lengths import is_length, parse_length
-from xl.data.babilong.tasks import QUESTIONS_PER_STORY, TASKS, is_train_support
+from xl.data.babilong.tasks import MOST_QUESTIONS, TASKS, is_most_questions, is_train_support
 from xl.settings.bounds import is_int, is_number
 
 DATA_KEYS = ("length", "tasks", "train_most_questions", "val_most_questions", "train_support")  # a stage may change
@@ -78,8 +78,8 @@ def check_stage(i: int, node: Any, metrics: list[str], last: bool) -> None:
         raise ValueError(f"{where}: tasks must be a list of {', '.join(TASKS)}, got {tasks!r}")
     for key in ("train_most_questions", "val_most_questions"):
         most = node.get(key)
-        if most is not None and not (is_int(most) and 1 <= most <= QUESTIONS_PER_STORY):
-            raise ValueError(f"{where}: {key} must be a whole number from 1 to {QUESTIONS_PER_STORY}, got {most!r}")
+        if most is not None and not is_most_questions(most):
+            raise ValueError(f"{where}: {key} must be a whole number from 1 to {MOST_QUESTIONS}, got {most!r}")
     support = node.get("train_support")
     if support is not None and not is_train_support(support):
         raise ValueError(f"{where}: train_support must map tasks to lists of what their answers follow from, such as "

@@ -24,9 +24,9 @@ from omegaconf import MISSING, OmegaConf
 from xl.config.callback_schema import CALLBACKS, LOGGERS
 from xl.data.babilong.lengths import WORDS as LENGTH_WORDS
 from xl.data.babilong.lengths import is_length
+from xl.data.babilong.tasks import MOST_QUESTIONS, is_most_questions, is_train_support
 from xl.data.babilong.tasks import QUESTIONS as TRAIN_QUESTIONS
 from xl.data.babilong.tasks import TASKS as BABILONG_TASKS
-from xl.data.babilong.tasks import is_train_support
 from xl.model.config import XLConfig
 from xl.model.memory_settings import EVALUATED, MemorySettings, overrides
 from xl.settings.bounds import (
@@ -65,7 +65,7 @@ def _devices(v: Any) -> bool:
 POSITIVE = at_least(1)
 COUNT = at_least(0)
 POSITIVE_OR_NULL = Bound("at least 1", lambda v: v is None or (is_int(v) and v >= 1))
-MOST_QUESTIONS = Bound("a whole number from 1 to 5", lambda v: is_int(v) and 1 <= v <= 5)
+STORY_QUESTIONS = Bound(f"a whole number from 1 to {MOST_QUESTIONS}", is_most_questions)
 
 
 # ---- model and memory: the defaults are XLConfig's (config S of the benchmarks) -----------------------------------
@@ -161,14 +161,14 @@ class BabilongDataSchema(DataSchema):
                                         "questions in turn (bAbI's); every: qa1 asks of every actor at each; end: "
                                         "after all facts, of every actor (qa1) or object (qa2, qa3); end_actors: and "
                                         "of every actor who moved; end_holders: and who has each object held")
-    train_most_questions: int = setting(5, bound=MOST_QUESTIONS,
+    train_most_questions: int = setting(5, bound=STORY_QUESTIONS,
                                         help="a training story runs to its k-th question, k from 1 to this (bAbI's "
-                                             "5; qa1: two moves per question); val and test keep 5")
+                                             "5, above it longer than a test's; qa1: two moves each); test keeps 5")
     train_support: Any = setting(None, bound=Bound("tasks mapped to lists of what their answers follow from, as "
                                                    "{qa2: ['get, move']}", lambda v: v is None or is_train_support(v)),
                                  help="keeps a task's training stories whose answer follows from facts of those kinds "
                                       "in order (qa2: move, get; get, move; move, drop); null: all")
-    val_most_questions: int = setting(5, bound=MOST_QUESTIONS,
+    val_most_questions: int = setting(5, bound=STORY_QUESTIONS,
                                       help="a validation story runs to its k-th question, k from 1 to this: a "
                                            "curriculum stage validated on its own stories; test keeps 5")
 

@@ -311,12 +311,25 @@ def test_questions_between_the_facts_are_written_at_length_0_only():
     for settings, message in (({"length": "1k", "train_questions": "all"}, "data.length=0"),
                               ({"length": "1k", "train_questions": "every"}, "data.length=0"),
                               ({"length": 0, "train_questions": "some"}, "data.train_questions"),
-                              ({"length": 0, "train_most_questions": 6}, "data.train_most_questions"),
+                              ({"length": 0, "train_most_questions": 11}, "data.train_most_questions"),
+                              ({"length": 0, "train_most_questions": True}, "data.train_most_questions"),
                               ({"length": 0, "train_most_questions": 0}, "data.train_most_questions"),
                               ({"length": 0, "val_most_questions": 0}, "data.val_most_questions")):
         with pytest.raises(DataError, match=message) as err:
             BabilongDataModule(StdlibSource(), tasks=["qa1"], **settings)
         assert "\n" not in str(err.value) and len(str(err.value)) < 200
+
+
+def test_training_stories_may_run_longer_than_the_test_s(tmp_path):
+    """data.train_most_questions above bAbI's 5: qa1's training stories run to up to 2 x 8 moves (a test story's 10 at
+    most), cut at each k from 1 to 8; val and test are unchanged; the cache is another."""
+    whole = data(tmp_path / "whole", tasks=["qa1"], train_samples=200)
+    longer = data(tmp_path / "longer", tasks=["qa1"], train_samples=200, train_most_questions=8)
+    assert {len(s.story.facts) for s in longer.source.samples("train")} == set(range(2, 17, 2))
+    assert max(len(s.story.facts) for s in whole.source.samples("train")) == 10
+    for split in ("val", "test"):
+        assert list(longer.source.samples(split)) == list(whole.source.samples(split))
+    assert longer.cache.folder.name != whole.cache.folder.name
 
 
 def test_two_questions_in_a_row_leave_no_empty_line():

@@ -33,7 +33,16 @@ from xl.data.babilong.generated import (
 )
 from xl.data.babilong.lengths import parse_length
 from xl.data.babilong.samples import Sample, samples
-from xl.data.babilong.tasks import QUESTION_WORDS, QUESTIONS, QUESTIONS_PER_STORY, SUPPORTS, TASKS, is_train_support
+from xl.data.babilong.tasks import (
+    MOST_QUESTIONS,
+    QUESTION_WORDS,
+    QUESTIONS,
+    QUESTIONS_PER_STORY,
+    SUPPORTS,
+    TASKS,
+    is_most_questions,
+    is_train_support,
+)
 from xl.data.datamodule import SegmentDataModule
 from xl.data.errors import DataError
 from xl.data.sources import Piece, Source
@@ -157,8 +166,8 @@ class BabilongDataModule(SegmentDataModule):
                             f"got {train_questions!r}")
         questions = train_questions
         for key, most in (("train_most_questions", train_most_questions), ("val_most_questions", val_most_questions)):
-            if not isinstance(most, int) or not 1 <= most <= QUESTIONS_PER_STORY:
-                raise DataError(f"data.{key} must be a whole number from 1 to {QUESTIONS_PER_STORY}, got {most!r}")
+            if not is_most_questions(most):
+                raise DataError(f"data.{key} must be a whole number from 1 to {MOST_QUESTIONS}, got {most!r}")
         if train_support is not None and not is_train_support(train_support):
             raise DataError(f"data.train_support must map tasks to lists of what their answers follow from "
                             f"(qa2: {', '.join(repr(k) for k in SUPPORTS['qa2'])}), got {train_support!r}")

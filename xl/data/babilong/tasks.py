@@ -44,6 +44,7 @@ TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
 # The answers each task can have (BABILong's TASK_LABELS for qa1-qa5, babilong/metrics.py).
 LABELS = {"qa1": LOCATIONS, "qa2": LOCATIONS, "qa3": LOCATIONS, "qa4": LOCATIONS, "qa5": (*GIVERS, *OBJECTS)}
 QUESTIONS_PER_STORY = 5  # a story is cut at its k-th question, k from 1 to this (``most`` of a training story)
+MOST_QUESTIONS = 10  # the most a training or validation story may run to: stories up to twice a test story's
 # Which questions a story keeps (data.train_questions): its last (BABILong's one), all of them in bAbI's format, in
 # qa1 every actor's at each question's place (other tasks: all), or once after all the facts every actor's (qa1) or
 # every object's the task could ask about (qa2, qa3; qa4, qa5: last); ``end_actors``: as ``end``, and in qa2 and qa3
@@ -98,6 +99,12 @@ def is_train_support(value: object) -> bool:
     return isinstance(value, Mapping) and all(
         task in SUPPORTS and isinstance(kinds, Sequence) and not isinstance(kinds, str) and len(kinds)
         and all(kind in SUPPORTS[task] for kind in kinds) for task, kinds in value.items())
+
+
+def is_most_questions(value: object) -> bool:
+    """Whether ``value`` is a ``data.train_most_questions`` or ``val_most_questions``: a whole number from 1 to
+    :data:`MOST_QUESTIONS`."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MOST_QUESTIONS
 
 
 def kept(story: Story, supports: Mapping[str, Sequence[str]] | None) -> bool:
